@@ -1,0 +1,251 @@
+"""The only place that knows megatron-core releases: version detection, CPU shims, building a real MoELayer.
+
+megatron-core assumes CUDA. On CPU engines a MoELayer forward needs small, contained shims (DEVELOPERS.md,
+../shared/notes/megatron-core-facts.md), applied only on CPU and only in engine processes:
+- `torch.cuda.current_device()` → the CPU device (router, mappings and experts allocate on it);
+- `torch.cuda.Stream/current_stream/stream/synchronize` → no-ops (alltoall dispatcher's DtoH side stream);
+- split sizes that stay CPU tensors/arrays → lists for `all_to_all_single` (gloo rejects tensors);
+- 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import logging
+import re
+import sys
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Releases the lab builds layers for, by Python: the local (no-TE) MoE spec changed shape in 0.19.
+SUPPORTED = {(3, 11): ("0.11", "0.16"), (3, 12): ("0.11", "0.19"), (3, 13): ("0.17", "0.19")}
+ROUTER_DTYPE_SINCE = (0, 12, 0)  # `moe_router_dtype` first ships in 0.12.0
+
+
+def parse_version(v: str) -> tuple[int, int, int]:
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(?:[.\-+]?\w+)*", v.strip())
+    if not m:
+        raise ValueError(f"megatron-core version ({v!r}) must look like X.Y.Z, e.g. 0.16.1")
+    return tuple(int(x) for x in m.groups())  # type: ignore[return-value]
+
+
+def installed_version() -> str:
+    """The megatron-core release that `import megatron.core` loads here (sys.path order respected)."""
+    try:
+        import megatron.core as mc
+    except ImportError as e:
+        raise RuntimeError("megatron-core is not importable: `pip install megatron-core` or `moe-lab versions install X.Y.Z`") from e
+    v = getattr(mc, "__version__", None)
+    if v is None:
+        from megatron.core import package_info
+
+        v = package_info.__version__
+    return str(v)
+
+
+def check_supported(version: str, python: tuple[int, int] | None = None) -> None:
+    """Raise ValueError if the lab has no layer builder for this release on this Python."""
+    py = python or sys.version_info[:2]
+    rng = SUPPORTED.get(tuple(py))
+    vt = parse_version(version)
+    if rng is None:
+        raise ValueError(f"Python {py[0]}.{py[1]} is not supported; use 3.11 (megatron-core 0.11–0.16) or 3.12")
+    lo, hi = (parse_version(x + ".0") for x in rng)
+    if not (lo[:2] <= vt[:2] <= hi[:2]):
+        raise ValueError(f"megatron-core {version} is not supported on Python {py[0]}.{py[1]}: the lab builds {rng[0]}–{rng[1]}")
+
+
+def supports_router_dtype(version: str) -> bool:
+    return parse_version(version) >= ROUTER_DTYPE_SINCE
+
+
+def check_router_dtype(router_dtype: str, version: str) -> None:
+    if router_dtype != "none" and not supports_router_dtype(version):
+        raise ValueError(
+            f"router_dtype ({router_dtype!r}) needs megatron-core >= 0.12.0 (moe_router_dtype); "
+            f"{version} only allows 'none'"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- CPU shims
+
+
+class _NoStream:
+    """Stands in for torch.cuda.Stream/Event on CPU: work is already synchronous."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def wait_stream(self, *a):
+        pass
+
+    def record_event(self, *a):
+        return self
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, *a):
+        pass
+
+    def query(self):
+        return True
+
+    def __eq__(self, other):
+        return isinstance(other, _NoStream)
+
+    __hash__ = object.__hash__
+
+
+def _as_list(sizes):
+    if sizes is None or isinstance(sizes, list):
+        return sizes
+    if isinstance(sizes, torch.Tensor):
+        return [int(s) for s in sizes.tolist()]
+    return [int(s) for s in sizes]  # numpy arrays, tuples
+
+
+_APPLIED: dict[str, object] = {}
+
+
+def apply_cpu_shims() -> list[str]:
+    """Patch torch.cuda and megatron-core for a CPU-only engine. Idempotent; returns what it patched."""
+    if _APPLIED:
+        return list(_APPLIED)
+    cpu = torch.device("cpu")
+    torch.cuda.current_device = lambda: cpu
+    torch.cuda.Stream = _NoStream
+    torch.cuda.Event = _NoStream
+    torch.cuda.current_stream = lambda *a, **k: _NoStream()
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.Tensor.record_stream = lambda self, *a, **k: None
+    _APPLIED.update(current_device=1, streams=1, synchronize=1, record_stream=1)
+
+    orig_a2a = torch.distributed.all_to_all_single
+    if not getattr(orig_a2a, "_moe_lab_lists", False):
+
+        @functools.wraps(orig_a2a)
+        def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
+            return orig_a2a(output, input, _as_list(output_split_sizes), _as_list(input_split_sizes), *a, **k)
+
+        all_to_all_single._moe_lab_lists = True
+        torch.distributed.all_to_all_single = all_to_all_single
+        _APPLIED["all_to_all_single_lists"] = 1
+
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):  # 0.13–0.16 without TransformerEngine
+        moe_utils.te_general_gemm = None
+        _APPLIED["te_general_gemm=None"] = 1
+    logger.debug("CPU shims applied: %s", list(_APPLIED))
+    return list(_APPLIED)
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+def transformer_config(cfg, *, ep: int, tp: int, device: str):
+    """A megatron TransformerConfig for `cfg` (a MoEConfig) with only the fields this release knows."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    version = installed_version()
+    check_router_dtype(cfg.router_dtype, version)
+    kwargs = dict(
+        num_layers=1,
+        hidden_size=cfg.hidden,
+        num_attention_heads=tp,
+        ffn_hidden_size=cfg.ffn_hidden,
+        moe_ffn_hidden_size=cfg.ffn_hidden,
+        num_moe_experts=cfg.num_experts,
+        moe_router_topk=cfg.topk,
+        moe_token_dispatcher_type=cfg.dispatcher,
+        moe_aux_loss_coeff=0.0,
+        moe_grouped_gemm=False,
+        add_bias_linear=False,
+        tensor_model_parallel_size=tp,
+        expert_model_parallel_size=ep,
+        sequence_parallel=False,
+        bf16=cfg.dtype == "bf16",
+        fp16=cfg.dtype == "fp16",
+        params_dtype=torch_dtype(cfg.dtype),
+        use_cpu_initialization=device == "cpu",
+        perform_initialization=True,
+    )
+    if cfg.router_dtype != "none":
+        kwargs["moe_router_dtype"] = cfg.router_dtype
+    known = TransformerConfig.__dataclass_fields__
+    dropped = [k for k in kwargs if k not in known]
+    for k in dropped:
+        kwargs.pop(k)
+    if dropped:
+        logger.debug("megatron-core %s has no %s; left out", version, dropped)
+    return TransformerConfig(**kwargs)
+
+
+def _local_moe_spec(num_experts: int):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if parse_version(installed_version())[:2] == (0, 10):
+        # 0.10's local spec names TE grouped-linear classes it never imported without TE.
+        for name in ("TEColumnParallelGroupedLinear", "TERowParallelGroupedLinear"):
+            for mod in list(sys.modules.values()):
+                if getattr(mod, "__name__", "").startswith("megatron.core") and not hasattr(mod, name):
+                    try:
+                        setattr(mod, name, None)
+                    except Exception:  # noqa: BLE001 - modules that refuse attributes are not the spec's
+                        pass
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False)
+    return spec.submodules.mlp
+
+
+def build_moe_layer(cfg, *, ep: int, tp: int, device: str):
+    """The real megatron-core MoELayer (local spec: SequentialMLP, no TE), in eval mode on `device`."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    tc = transformer_config(cfg, ep=ep, tp=tp, device=device)
+    mlp = _local_moe_spec(cfg.num_experts)
+    if isinstance(mlp, functools.partial):  # 0.19: the spec's mlp is partial(MoELayer, submodules=...)
+        layer = mlp(config=tc)
+    elif getattr(mlp, "module", None) is MoELayer:
+        layer = MoELayer(tc, mlp.submodules)
+    else:
+        raise RuntimeError(f"megatron-core {installed_version()}: unexpected local MoE spec {mlp!r}")
+    if device == "cuda":
+        layer = layer.cuda()
+    layer = layer.to(torch_dtype(cfg.dtype))
+    layer.eval()
+    return layer
+
+
+def moe_forward(layer, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One MoE forward without autograd; returns the output tensor (the bias, always None here, dropped).
+
+    `padding_mask` ([seq, batch], True = real token) is passed only to releases whose forward takes it.
+    """
+    with torch.no_grad():
+        if padding_mask is not None:
+            if not supports_padding_mask(layer):
+                raise ValueError(f"megatron-core {installed_version()} MoELayer.forward has no padding_mask")
+            # MoELayer.forward transposes [bsz, seq] → [seq, bsz]; hand it [bsz, seq].
+            out = layer(tokens, padding_mask=padding_mask.transpose(0, 1))
+        else:
+            out = layer(tokens)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def supports_padding_mask(layer) -> bool:
+    import inspect
+
+    return "padding_mask" in inspect.signature(type(layer).forward).parameters

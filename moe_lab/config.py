@@ -1,0 +1,122 @@
+"""Config dataclasses: what one MoE experiment and one cluster are, checked before anything launches."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+DISPATCHERS = ("allgather", "alltoall")
+ROUTER_DTYPES = ("none", "fp32", "fp64")
+DTYPES = ("bf16", "fp16", "fp32")
+DEVICES = ("cpu", "cuda")
+
+
+def _choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} ({value!r}) must be one of {', '.join(map(repr, allowed))}")
+
+
+def _positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} ({value!r}) must be a positive integer")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """One MoE layer and the input fed to it. The seed report's config is `MoEConfig.seed_report()`."""
+
+    hidden: int = 256
+    """Hidden size of the tokens entering the MoE layer."""
+    num_experts: int = 8
+    """Routed experts in the layer (across all EP ranks)."""
+    topk: int = 2
+    """Experts each token is routed to."""
+    ffn_hidden: int = 512
+    """Hidden size of each expert's MLP."""
+    seq_len: int = 128
+    """Tokens fed to every rank (batch size is 1, as in the seed report)."""
+    dtype: str = "bf16"
+    """Parameter and activation dtype."""
+    dispatcher: str = "allgather"
+    """megatron-core token dispatcher: 'allgather' or 'alltoall'."""
+    router_dtype: str = "none"
+    """`moe_router_dtype`: 'none' keeps the activation dtype (megatron's default); 'fp32'/'fp64' promote."""
+    ep: int = 0
+    """Expert-parallel size; 0 means the whole world / tp."""
+    tp: int = 1
+    """Tensor-parallel size (experts' TP follows it)."""
+    seed: int = 123
+    """Seed for weights and tokens: same seed → bitwise same weights and tokens on every rank."""
+    deterministic: bool = False
+    """`torch.use_deterministic_algorithms(True)` (+ NCCL_ALGO=Ring on GPU, set at cluster start)."""
+
+    def __post_init__(self):
+        for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
+            _positive(name, getattr(self, name))
+        if not isinstance(self.ep, int) or self.ep < 0:
+            raise ValueError(f"ep ({self.ep!r}) must be 0 (= world / tp) or a positive integer")
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("dispatcher", self.dispatcher, DISPATCHERS)
+        _choice("router_dtype", self.router_dtype, ROUTER_DTYPES)
+        if self.topk > self.num_experts:
+            raise ValueError(f"topk ({self.topk}) must be <= num_experts ({self.num_experts})")
+        if self.ep and self.num_experts % self.ep:
+            raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
+        if self.hidden % self.tp or self.ffn_hidden % self.tp:
+            raise ValueError(f"hidden ({self.hidden}) and ffn_hidden ({self.ffn_hidden}) must be divisible by tp ({self.tp})")
+
+    @classmethod
+    def seed_report(cls, **overrides) -> "MoEConfig":
+        """The config of the truncation test in Megatron-LM #1421 (hidden 4096, 64 experts, top-6, 1024 tokens)."""
+        base = dict(hidden=4096, num_experts=64, topk=6, ffn_hidden=16384, seq_len=1024, dtype="bf16")
+        base.update(overrides)
+        return cls(**base)
+
+    def replace(self, **changes) -> "MoEConfig":
+        return dataclasses.replace(self, **changes)
+
+    def resolved_ep(self, world: int) -> int:
+        """EP for a world of `world` ranks, checked against it."""
+        ep = self.ep or world // self.tp
+        if ep * self.tp != world:
+            raise ValueError(f"ep ({ep}) * tp ({self.tp}) must equal the world size ({world})")
+        if self.num_experts % ep:
+            raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep ({ep})")
+        return ep
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """How the engines are started."""
+
+    device: str = "cpu"
+    """'cuda': one engine per GPU on NCCL; 'cpu': `engines` CPU engines on gloo."""
+    engines: int = 4
+    """Number of engines (= torch.distributed world size)."""
+    tp: int = 1
+    """Tensor-parallel size given to `parallel_state.initialize_model_parallel`."""
+    timeout_s: float = 120.0
+    """Timeout of every collective (process-group timeout) and of every engine call."""
+    start_timeout_s: float = 120.0
+    """How long engines may take to register with the controller."""
+    deterministic: bool = False
+    """Set NCCL_ALGO=Ring and CUBLAS_WORKSPACE_CONFIG in the engines' environment before they start."""
+    extra_path: tuple[str, ...] = field(default_factory=tuple)
+    """Directories put first on the engines' sys.path (a megatron-core release from `moe-lab versions`)."""
+    env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    """Extra environment variables for the engines."""
+
+    def __post_init__(self):
+        _choice("device", self.device, DEVICES)
+        _positive("engines", self.engines)
+        _positive("tp", self.tp)
+        if self.engines % self.tp:
+            raise ValueError(f"engines ({self.engines}) must be divisible by tp ({self.tp})")
+        if not self.timeout_s > 0 or not self.start_timeout_s > 0:
+            raise ValueError(f"timeout_s ({self.timeout_s}) and start_timeout_s ({self.start_timeout_s}) must be > 0")
+
+    def replace(self, **changes) -> "ClusterConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,166 @@
+"""Runs on engines: process group, megatron parallel_state, health check, teardown. One engine = one rank."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import platform
+import socket
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+# Engine-process state. `rank` is the torch.distributed rank, never the ipyparallel engine id.
+STATE: dict = {}
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (the OS picks; a busy one is never returned)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def host_address() -> str:
+    """An address of this host that other engines can reach (loopback on a single machine)."""
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return "127.0.0.1"
+
+
+def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, tp: int,
+          timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> dict:
+    """Join the process group (nccl on cuda, gloo on cpu) and set up megatron parallel_state (EP = world/tp)."""
+    t0 = time.perf_counter()
+    for p in reversed(extra_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    os.environ.update(env or {})
+    if device == "cuda":
+        # NVLink multicast stays off on shared hosts (KINDS.md); Ring keeps NCCL reductions in a fixed order.
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if deterministic:
+            os.environ["NCCL_ALGO"] = "Ring"
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+    import torch.distributed as tdist
+
+    from . import compat
+
+    if device == "cuda":
+        n_gpu = torch.cuda.device_count()
+        local_rank = rank % max(n_gpu, 1)
+        if n_gpu == 0:
+            raise RuntimeError(f"rank {rank}: device='cuda' but torch sees no GPU on {platform.node()}")
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+        backend = "nccl"
+    else:
+        torch.set_num_threads(1)  # N engines share the cores; oversubscription only slows every rank
+        compat.apply_cpu_shims()
+        dev = torch.device("cpu")
+        backend = "gloo"
+        local_rank = rank
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs = dict(backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                  world_size=world, timeout=timeout)
+    if device == "cuda":
+        kwargs["device_id"] = dev  # eager NCCL init: a bad GPU fails here, not in the first collective
+    tdist.init_process_group(**kwargs)
+    t_pg = time.perf_counter() - t0
+    STATE.update(rank=rank, world=world, device=device, torch_device=dev, backend=backend, tp=tp,
+                 local_rank=local_rank, timeout_s=timeout_s, host=platform.node(), layers={})
+    init_parallel_state(tp=tp, ep=world // tp)
+    info = describe()
+    info.update(t_process_group_s=t_pg, t_setup_s=time.perf_counter() - t0)
+    return info
+
+
+def init_parallel_state(*, tp: int, ep: int) -> None:
+    """(Re)initialise megatron parallel_state for (tp, ep) if it differs from the current layout."""
+    from megatron.core import parallel_state as ps
+
+    if STATE.get("parallel") == (tp, ep) and ps.model_parallel_is_initialized():
+        return
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    if STATE["device"] == "cuda":
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    STATE["parallel"] = (tp, ep)
+    STATE["layers"] = {}
+
+
+def describe() -> dict:
+    """Versions and placement of this rank, for every result record."""
+    import torch
+    import torch.distributed as tdist
+
+    from . import compat
+
+    from megatron.core import parallel_state as ps
+
+    nccl = None
+    if STATE.get("device") == "cuda":
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a torch without NCCL reports none
+            nccl = None
+    gpu = torch.cuda.get_device_name(STATE["local_rank"]) if STATE.get("device") == "cuda" else None
+    return {
+        "rank": tdist.get_rank(),
+        "world": tdist.get_world_size(),
+        "backend": tdist.get_backend(),
+        "device": STATE.get("device"),
+        "gpu": gpu,
+        "host": STATE.get("host"),
+        "pid": os.getpid(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "megatron_core": compat.installed_version(),
+        "megatron_path": os.path.dirname(sys.modules["megatron.core"].__file__),
+        "nccl": nccl,
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "ep_rank": ps.get_expert_model_parallel_rank(),
+    }
+
+
+def health_check() -> dict:
+    """An all-reduce whose result every rank verifies: sum of (rank + 1) over ranks = world (world + 1) / 2."""
+    import torch
+    import torch.distributed as tdist
+
+    t0 = time.perf_counter()
+    rank, world = tdist.get_rank(), tdist.get_world_size()
+    x = torch.tensor([float(rank + 1)], device=STATE["torch_device"], dtype=torch.float64)
+    tdist.all_reduce(x)
+    expected = world * (world + 1) / 2
+    got = float(x.item())
+    if got != expected:
+        raise RuntimeError(f"rank {rank}: health all-reduce gave {got}, expected {expected}")
+    return {"rank": rank, "ok": True, "sum": got, "t_s": time.perf_counter() - t0}
+
+
+def teardown() -> bool:
+    """Destroy parallel_state and the process group; safe to call twice or before setup finished."""
+    try:
+        from megatron.core import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+    except Exception:  # noqa: BLE001 - teardown must reach destroy_process_group
+        logger.exception("destroy_model_parallel failed")
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+    STATE.clear()
+    return True

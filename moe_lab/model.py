@@ -1,0 +1,84 @@
+"""Config + seed → a MoE layer with the same weights on every run, and the same input tokens on every rank."""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+
+import torch
+
+from . import compat
+from .config import MoEConfig
+
+logger = logging.getLogger(__name__)
+
+INIT_STD = 0.02  # megatron's default init_method_std
+_EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+
+
+def _generator(device: torch.device, seed: int, *key) -> torch.Generator:
+    """A generator seeded from (seed, key): draws depend only on what is drawn, never on call order."""
+    h = zlib.crc32(repr((seed,) + key).encode())
+    return torch.Generator(device=device).manual_seed(h)
+
+
+def _normal(shape, device, seed, *key) -> torch.Tensor:
+    g = _generator(device, seed, *key)
+    return torch.randn(shape, generator=g, device=device, dtype=torch.float32) * INIT_STD
+
+
+@torch.no_grad()
+def init_weights(layer, cfg: MoEConfig, *, ep_rank: int, tp_rank: int, tp: int) -> int:
+    """Overwrite the layer's weights from `cfg.seed`: global expert e gets the same weights whichever rank holds it.
+
+    megatron's own init draws from the rank's RNG stream, so the weights would depend on EP/TP layout; this
+    makes them a function of (seed, global expert index, tensor name) alone. Returns the number of tensors set.
+    """
+    num_local = _num_local(layer)
+    n = 0
+    for name, p in layer.named_parameters():
+        dev = p.device
+        if name.endswith("router.weight"):
+            full = _normal((cfg.num_experts, cfg.hidden), dev, cfg.seed, "router")
+            p.copy_(full.to(p.dtype))
+            n += 1
+            continue
+        m = _EXPERT_PARAM.search(name)
+        if m is None:
+            continue
+        e = ep_rank * num_local + int(m.group(1))
+        kind = m.group(2)
+        if kind == "linear_fc1":  # column-parallel: [ffn (x2 if gated), hidden], TP shards rows
+            rows = p.shape[0] * tp
+            full = _normal((rows, cfg.hidden), dev, cfg.seed, "expert", e, kind)
+            shard = full.chunk(tp, dim=0)[tp_rank]
+        else:  # row-parallel: [hidden, ffn], TP shards columns
+            cols = p.shape[1] * tp
+            full = _normal((cfg.hidden, cols), dev, cfg.seed, "expert", e, kind)
+            shard = full.chunk(tp, dim=1)[tp_rank]
+        if shard.shape != p.shape:
+            raise RuntimeError(f"{name}: seeded shard {tuple(shard.shape)} != parameter {tuple(p.shape)}")
+        p.copy_(shard.to(p.dtype))
+        n += 1
+    return n
+
+
+def _num_local(layer) -> int:
+    return len(layer.experts.local_experts)
+
+
+def make_tokens(cfg: MoEConfig, device: torch.device) -> torch.Tensor:
+    """[seq_len, 1, hidden] standard-normal tokens in cfg.dtype, identical on every rank (seeded, not broadcast)."""
+    g = _generator(device, cfg.seed, "tokens")
+    x = torch.randn((cfg.seq_len, 1, cfg.hidden), generator=g, device=device, dtype=torch.float32)
+    return x.to(compat.torch_dtype(cfg.dtype))
+
+
+def truncate(tokens: torch.Tensor, cut: int) -> torch.Tensor:
+    """The seed report's truncation: tokens[cut:] = 0."""
+    if not 0 < cut < tokens.shape[0]:
+        raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({tokens.shape[0] - 1})")
+    t = tokens.clone()
+    t[cut:] = 0
+    return t
