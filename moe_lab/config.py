@@ -29,8 +29,8 @@ class MoEConfig:
     """Hidden size of the tokens entering the MoE layer."""
     num_experts: int = 8
     """Routed experts in the layer (across all EP ranks)."""
-    topk: int = 2
-    """Experts each token is routed to."""
+    topk: int = 4
+    """Experts each token is routed to (>= 3 needed for order-dependent sums in the combine: a+b == b+a)."""
     ffn_hidden: int = 512
     """Hidden size of each expert's MLP."""
     seq_len: int = 128
