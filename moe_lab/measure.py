@@ -83,6 +83,8 @@ def cross_rank(out: torch.Tensor, *, detail: bool = False) -> dict | None:
         if detail:
             res["ulp_hist"] = {f"0-{r}": {0: out.numel()} for r in range(1, world)}
             res["token_mismatch"] = {f"0-{r}": [0] * out.shape[0] for r in range(1, world)}
+            empty = binned_map(torch.zeros(out.shape[0], out[0].numel(), dtype=torch.bool))
+            res["mismatch_map"] = {f"0-{r}": empty for r in range(1, world)}
         return res if rank == 0 else None
     flat = out.contiguous()
     gathered = torch.empty((world * flat.shape[0], *flat.shape[1:]), dtype=flat.dtype, device=flat.device)
@@ -92,17 +94,32 @@ def cross_rank(out: torch.Tensor, *, detail: bool = False) -> dict | None:
     if rank != 0:
         return None
     a = gathered[0].cpu()
-    hist, tok = {}, {}
+    hist, tok, maps = {}, {}, {}
     for r in range(1, world):
         b = gathered[r].cpu()
         key = f"0-{r}"
         res["pairs"][key] = metrics.compare(a, b)
         if detail:
             hist[key] = metrics.ulp_histogram(a, b)
-            tok[key] = metrics.bitwise_mismatch(a, b).reshape(a.shape[0], -1).sum(dim=1).tolist()
+            mism = metrics.bitwise_mismatch(a, b).reshape(a.shape[0], -1)
+            tok[key] = mism.sum(dim=1).tolist()
+            maps[key] = binned_map(mism)
     if detail:
-        res["ulp_hist"], res["token_mismatch"] = hist, tok
+        res["ulp_hist"], res["token_mismatch"], res["mismatch_map"] = hist, tok, maps
     return res
+
+
+def binned_map(mask: torch.Tensor, bins: int = 64) -> dict:
+    """Fraction of mismatching elements in a [tokens x hidden] grid of at most bins x bins cells (for heatmaps)."""
+    t, h = mask.shape
+    bt, bh = min(bins, t), min(bins, h)
+    m = mask.to(torch.float32)
+    # Split evenly-ish: index → bin via integer division, then average each bin.
+    ti = (torch.arange(t) * bt) // t
+    hi = (torch.arange(h) * bh) // h
+    rows = torch.zeros(bt, h).index_add_(0, ti, m) / torch.bincount(ti, minlength=bt).clamp_min(1).unsqueeze(1)
+    grid = torch.zeros(bt, bh).index_add_(1, hi, rows) / torch.bincount(hi, minlength=bh).clamp_min(1).unsqueeze(0)
+    return {"tokens_per_bin": t / bt, "hidden_per_bin": h / bh, "frac": grid.tolist()}
 
 
 def worst(cmps: list[dict]) -> dict:

@@ -51,6 +51,7 @@ def run_case(cluster: Cluster, cfg: MoEConfig, *, cut: int = 90, detail: bool = 
             "pairs": d["pairs"],
             "ulp_hist": d["ulp_hist"],
             "token_mismatch": d["token_mismatch"],
+            "mismatch_map": d["mismatch_map"],
             "bytes_compared": d["bytes_compared"],
             "truncation_token_mismatch": {str(r["rank"]): r["truncation_token_mismatch"] for r in per_rank},
         }

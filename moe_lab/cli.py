@@ -1,0 +1,181 @@
+"""`moe-lab`: parse, check, call, exit code. Bad input is one line on stderr and exit 2, before engines start."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+logger = logging.getLogger("moe_lab")
+
+
+def _csv(allowed):
+    def parse(s: str) -> list[str]:
+        vals = [v.strip() for v in s.split(",") if v.strip()]
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(f"{s!r}: each value must be one of {', '.join(allowed)}")
+        return vals
+    return parse
+
+
+def _kv(s: str) -> tuple[str, object]:
+    if "=" not in s:
+        raise argparse.ArgumentTypeError(f"-p {s!r}: expected key=value, e.g. -p seq_len=256")
+    k, v = s.split("=", 1)
+    try:
+        val = json.loads(v)
+    except json.JSONDecodeError:
+        val = v
+    return k.strip(), val
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .config import DISPATCHERS, ROUTER_DTYPES
+
+    ap = argparse.ArgumentParser(prog="moe-lab", description=__doc__)
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("probe", help="one-line check of EP divergence on this machine: one JSON object per config")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if a GPU is visible")
+    p.add_argument("--engines", type=int, default=None, help="default: one per GPU (cuda) or 4 (cpu)")
+    p.add_argument("--dispatcher", type=_csv(DISPATCHERS), default=["allgather"], help="comma list")
+    p.add_argument("--router-dtype", type=_csv(ROUTER_DTYPES), default=["none"], help="comma list: none,fp32,fp64")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--topk", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms (+NCCL_ALGO=Ring)")
+    p.add_argument("--seed-report", action="store_true", help="the seed report's layer: 4096/64 experts/top-6/1024 tokens/ffn 16384")
+    p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds for every engine call and collective")
+    p.add_argument("--json", action="store_true", help="only JSON lines on stdout")
+
+    r = sub.add_parser("run", help="execute the numbered notebooks with papermill and render HTML reports")
+    r.add_argument("--profile", default=None, help="cpu | gpu | path to a JSON profile (default: gpu if a GPU is visible)")
+    r.add_argument("--only", default=None, help="comma list of notebook numbers, e.g. 01,03")
+    r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value")
+    r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>)")
+    r.add_argument("--timeout", type=float, default=None, help="seconds per notebook (default 1800)")
+
+    lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")
+    lab.add_argument("--port", type=int, default=None)
+    lab.add_argument("--no-browser", action="store_true")
+
+    v = sub.add_parser("versions", help="megatron-core releases side by side")
+    vs = v.add_subparsers(dest="vcmd", required=True)
+    vi = vs.add_parser("install", help="install a release into the lab's cache (no deps)")
+    vi.add_argument("version")
+    vi.add_argument("--from", dest="from_dir", default=None, help="offline: a dir with its wheel or sdist")
+    vi.add_argument("--force", action="store_true")
+    vs.add_parser("list", help="releases installed side by side")
+
+    w = sub.add_parser("wheelhouse", help="gather the wheels an air-gapped GPU node needs (all but torch)")
+    w.add_argument("-o", "--out", required=True)
+    w.add_argument("--python", default="3.12")
+    w.add_argument("--platform", default="manylinux_2_28_x86_64")
+    w.add_argument("--megatron", default="0.16.1", help="comma list of megatron-core releases")
+    w.add_argument("--jupyterlab", action="store_true", help="also JupyterLab (interactive nodes)")
+    return ap
+
+
+def _probe_configs(a) -> list:
+    from .config import MoEConfig
+
+    if a.seed_report:
+        base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+    else:
+        base = MoEConfig(hidden=a.hidden, num_experts=a.experts, topk=a.topk, ffn_hidden=a.ffn, seq_len=a.seq,
+                         seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+    cfgs = [base.replace(dispatcher=d, router_dtype=r) for d in a.dispatcher for r in a.router_dtype]
+    if not 0 < a.cut < base.seq_len:
+        raise ValueError(f"--cut ({a.cut}) must be in 1..seq-1 ({base.seq_len - 1})")
+    return cfgs
+
+
+def cmd_probe(a) -> int:
+    from . import compat, probe, versions
+    from .cluster import Cluster, default_config
+
+    cfgs = _probe_configs(a)
+    extra = (str(versions.path_for(a.megatron)),) if a.megatron else ()
+    ccfg = default_config(device=a.device, engines=a.engines, tp=a.tp, timeout_s=a.timeout,
+                          deterministic=a.deterministic, extra_path=extra)
+    version = a.megatron or compat.installed_version()
+    for cfg in cfgs:  # everything checkable is checked before engines start
+        probe.check_case(cfg, ccfg.engines, version, a.cut)
+    with Cluster(ccfg) as c:
+        if not a.json:
+            print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.summary()}", file=sys.stderr)
+        for cfg in cfgs:
+            rec = probe.run_case(c, cfg, cut=a.cut, ready_s=round(c.timings["ready_s"], 2))
+            print(json.dumps(rec), flush=True)
+            if not a.json:
+                print("# " + probe.headline(rec), file=sys.stderr)
+    return 0
+
+
+def cmd_run(a) -> int:
+    from . import report
+
+    return report.run_all(profile=a.profile, only=a.only, overrides=dict(a.params), out=a.out,
+                          timeout=a.timeout)
+
+
+def cmd_lab(a) -> int:
+    from . import report
+
+    return report.lab(port=a.port, open_browser=not a.no_browser)
+
+
+def cmd_versions(a) -> int:
+    from . import versions
+
+    if a.vcmd == "install":
+        path = versions.install(a.version, from_dir=a.from_dir, force=a.force)
+        print(path)
+    else:
+        rows = versions.list_installed()
+        if not rows:
+            print("no megatron-core releases installed side by side; `moe-lab versions install X.Y.Z`")
+        for row in rows:
+            print(f"{row['version']:10s} python {row['python']:5s} {row['path']}")
+    return 0
+
+
+def cmd_wheelhouse(a) -> int:
+    from . import wheelhouse
+
+    mvs = tuple(v for v in a.megatron.split(",") if v)
+    wheels = wheelhouse.build(a.out, python=a.python, platform=a.platform, megatron_versions=mvs,
+                              jupyterlab=a.jupyterlab)
+    print(f"{len(wheels)} wheels in {a.out}")
+    print("install on the node with:\n  " + wheelhouse.install_command(a.out))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
+               "wheelhouse": cmd_wheelhouse}[a.cmd]
+    try:
+        return handler(a)
+    except ValueError as e:  # bad input: one line, exit 2, nothing launched
+        print(f"moe-lab {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"moe-lab {a.cmd}: interrupted; engines stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Run profiles (cpu, gpu): the parameters every notebook gets, loaded and checked before anything launches."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from .config import DISPATCHERS, ROUTER_DTYPES, ClusterConfig, MoEConfig
+
+PROFILES = ("cpu", "gpu")
+_MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
+_KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron"}
+
+
+def load(name_or_path: str, overrides: dict | None = None) -> dict:
+    """A profile's parameters (a built-in name or a JSON file), with `overrides` applied and everything checked."""
+    if name_or_path in PROFILES:
+        text = resources.files("moe_lab").joinpath(f"profiles/{name_or_path}.json").read_text()
+        where = f"profile {name_or_path!r}"
+    else:
+        p = Path(name_or_path)
+        if not p.is_file():
+            raise ValueError(f"profile ({name_or_path!r}) must be one of {', '.join(PROFILES)} or a JSON file")
+        text, where = p.read_text(), str(p)
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from None
+    params = {k: v for k, v in params.items() if not k.startswith("_")}
+    params.update(overrides or {})
+    check(params, where)
+    return params
+
+
+def check(params: dict, where: str = "parameters") -> None:
+    unknown = set(params) - _KNOWN
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KNOWN)}")
+    for key, allowed in (("dispatchers", DISPATCHERS), ("router_dtypes", ROUTER_DTYPES)):
+        vals = params.get(key, [])
+        if isinstance(vals, str):
+            vals = params[key] = [v for v in vals.split(",") if v]
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
+    base_moe(params)  # MoEConfig checks sizes
+    if params.get("device") not in ("cpu", "cuda"):
+        raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
+    if not isinstance(params.get("engines", 0), int) or params.get("engines", 0) < 0:
+        raise ValueError(f"{where}: engines ({params.get('engines')!r}) must be 0 (one per GPU) or a positive integer")
+    cut, seq = params.get("cut", 90), params["seq_len"]
+    if not isinstance(cut, int) or not 0 < cut < seq:
+        raise ValueError(f"{where}: cut ({cut!r}) must be an integer in 1..seq_len-1 ({seq - 1})")
+
+
+def base_moe(params: dict, **changes) -> MoEConfig:
+    kw = {k: params[k] for k in _MOE_KEYS if k in params}
+    if "tp" in params:
+        kw["tp"] = params["tp"]
+    kw.update(changes)
+    return MoEConfig(**kw)
+
+
+def cluster_config(params: dict) -> ClusterConfig:
+    from .cluster import default_config
+
+    extra = ()
+    if params.get("megatron"):
+        from . import versions
+
+        extra = (str(versions.path_for(params["megatron"])),)
+    return default_config(device=params["device"], engines=params.get("engines") or None,
+                          timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1), extra_path=extra)
