@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")
     lab.add_argument("--port", type=int, default=None)
     lab.add_argument("--no-browser", action="store_true")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to jupyter lab (after --)")
 
     v = sub.add_parser("versions", help="megatron-core releases side by side")
     vs = v.add_subparsers(dest="vcmd", required=True)
@@ -100,11 +101,15 @@ def _probe_configs(a) -> list:
 
 
 def cmd_probe(a) -> int:
-    from . import compat, probe, versions
+    from . import compat, probe
     from .cluster import Cluster, default_config
 
     cfgs = _probe_configs(a)
-    extra = (str(versions.path_for(a.megatron)),) if a.megatron else ()
+    extra = ()
+    if a.megatron:
+        from . import versions
+
+        extra = (str(versions.path_for(a.megatron)),)
     ccfg = default_config(device=a.device, engines=a.engines, tp=a.tp, timeout_s=a.timeout,
                           deterministic=a.deterministic, extra_path=extra)
     version = a.megatron or compat.installed_version()
@@ -131,7 +136,8 @@ def cmd_run(a) -> int:
 def cmd_lab(a) -> int:
     from . import report
 
-    return report.lab(port=a.port, open_browser=not a.no_browser)
+    extra = [x for x in a.jupyter_args if x != "--"]
+    return report.lab(port=a.port, open_browser=not a.no_browser, extra_args=extra)
 
 
 def cmd_versions(a) -> int:

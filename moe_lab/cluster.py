@@ -74,7 +74,12 @@ class Cluster:
         # A private profile per cluster: two notebooks (or users) never share connection files or ports.
         self._profile_dir = tempfile.mkdtemp(prefix="moe_lab_ipp_")
         try:
-            self._ipp = ipp.Cluster(n=cfg.engines, profile_dir=self._profile_dir, log_level=logging.WARNING,
+            # ipyparallel logs to the notebook's stdout by default, engine output included when they are
+            # stopped by signal; route it to our logger (quiet unless debugging) so reports stay readable.
+            ipp_log = logging.getLogger("moe_lab.ipyparallel")
+            if ipp_log.level == logging.NOTSET:
+                ipp_log.setLevel(logging.ERROR)
+            self._ipp = ipp.Cluster(n=cfg.engines, profile_dir=self._profile_dir, log=ipp_log,
                                     engine_timeout=int(cfg.start_timeout_s), delay=0.1)
             logger.info("starting %d %s engines", cfg.engines, cfg.device)
             self.client = self._ipp.start_and_connect_sync(n=cfg.engines)

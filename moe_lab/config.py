@@ -53,7 +53,9 @@ class MoEConfig:
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
             _positive(name, getattr(self, name))
-        if not isinstance(self.ep, int) or self.ep < 0:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed ({self.seed!r}) must be an integer")
+        if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 0:
             raise ValueError(f"ep ({self.ep!r}) must be 0 (= world / tp) or a positive integer")
         _choice("dtype", self.dtype, DTYPES)
         _choice("dispatcher", self.dispatcher, DISPATCHERS)
@@ -77,6 +79,8 @@ class MoEConfig:
 
     def resolved_ep(self, world: int) -> int:
         """EP for a world of `world` ranks, checked against it."""
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            raise ValueError(f"world ({world!r}) must be a positive integer")
         ep = self.ep or world // self.tp
         if ep * self.tp != world:
             raise ValueError(f"ep ({ep}) * tp ({self.tp}) must equal the world size ({world})")
@@ -115,6 +119,10 @@ class ClusterConfig:
         _positive("tp", self.tp)
         if self.engines % self.tp:
             raise ValueError(f"engines ({self.engines}) must be divisible by tp ({self.tp})")
+        for name in ("timeout_s", "start_timeout_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise ValueError(f"{name} ({v!r}) must be a number of seconds")
         if not self.timeout_s > 0 or not self.start_timeout_s > 0:
             raise ValueError(f"timeout_s ({self.timeout_s}) and start_timeout_s ({self.start_timeout_s}) must be > 0")
 

@@ -44,6 +44,15 @@ def get_layer(cfg: MoEConfig):
     return layers[key]
 
 
+def weights_fingerprint(cfg_dict: dict, *, rebuild: bool = False) -> dict[str, str]:
+    """Fingerprint of every parameter of this rank's layer for `cfg_dict` (rebuild=True builds it afresh)."""
+    cfg = MoEConfig(**cfg_dict)
+    if rebuild:
+        STATE.get("layers", {}).clear()
+    layer = get_layer(cfg)
+    return {name: metrics.fingerprint(p) for name, p in layer.named_parameters()}
+
+
 def set_deterministic(on: bool) -> None:
     # warn_only: ops without a deterministic kernel warn instead of raising; megatron's unpermute checks
     # are_deterministic_algorithms_enabled() and switches scatter_add_ → index_add_.

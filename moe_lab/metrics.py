@@ -63,8 +63,8 @@ def ulp_size(x: torch.Tensor) -> torch.Tensor:
     _, _, mant = _format(x.dtype)
     finfo = torch.finfo(x.dtype)
     ax = x.detach().abs().to(torch.float64).clamp_min(finfo.tiny)
-    e = torch.floor(torch.log2(ax))
-    return torch.pow(2.0, e - (mant - 1))
+    e = torch.frexp(ax).exponent - 1  # exact; floor(log2(x)) rounds up just below powers of two in fp64
+    return torch.pow(2.0, (e - (mant - 1)).to(torch.float64))
 
 
 def bitwise_mismatch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -115,8 +115,8 @@ def compare(a: torch.Tensor, b: torch.Tensor, *, atol: float = 1e-3, rtol: float
 def ulp_histogram(a: torch.Tensor, b: torch.Tensor) -> dict[int, int]:
     """Counts of elements per ULP distance (0 included), for plots. inf is reported as -1."""
     d = ulp_distance(a, b)
-    d = torch.where(torch.isinf(d), torch.full_like(d, -1), d).to(torch.int64)
-    vals, counts = torch.unique(d, return_counts=True)
+    d = torch.where(torch.isinf(d), torch.full_like(d, -1), d)
+    vals, counts = torch.unique(d, return_counts=True)  # float64 keys: fp64 distances can pass 2**63
     return {int(v): int(c) for v, c in zip(vals.tolist(), counts.tolist())}
 
 
@@ -144,9 +144,9 @@ def fingerprint(x: torch.Tensor) -> str:
     x = x.detach().contiguous()
     if x.dtype in _FORMATS:
         bits = x.view(_FORMATS[x.dtype][0]).reshape(-1).to(torch.int64)
-    elif x.dtype == torch.bool:
-        bits = x.reshape(-1).to(torch.int64)
-    else:
+    elif x.is_floating_point() or x.is_complex():  # fp8 and friends: hash the bytes, never the values
+        bits = x.reshape(-1).view(torch.uint8).to(torch.int64)
+    else:  # bool and integer values are their bits
         bits = x.reshape(-1).to(torch.int64)
     w = _weights(bits.numel(), bits.device)
     h = (bits.unsqueeze(0) * w).sum(dim=1)

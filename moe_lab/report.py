@@ -153,6 +153,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     out_dir = Path(out) if out else REPORTS / f"{name}-{datetime.date.today().isoformat()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
     rows = []
     try:
         from tqdm import tqdm
@@ -183,7 +184,7 @@ def _meta(profile: str, params: dict) -> dict:
             "parameters": json.dumps(params)}
 
 
-def lab(port: int | None = None, open_browser: bool = True) -> int:
+def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str] | None = None) -> int:
     """JupyterLab on notebooks/, with this Python (which has moe_lab installed) as the kernel."""
     import subprocess
 
@@ -192,4 +193,5 @@ def lab(port: int | None = None, open_browser: bool = True) -> int:
         cmd.append(f"--port={port}")
     if not open_browser:
         cmd.append("--no-browser")
+    cmd += list(extra_args or [])
     return subprocess.call(cmd)

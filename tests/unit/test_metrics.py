@@ -386,11 +386,6 @@ def test_ulp_size_just_below_power_of_two(dtype, k):
     assert metrics.ulp_size(x).item() == 2.0 ** (k - 1 - STORED[dtype])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ulp_size fp64: floor(log2(x)) in float64 rounds up to k for x = nextafter(2**k, 0) when k >= 3, "
-    "so the ULP comes out 2x too large",
-)
 @pytest.mark.parametrize("k", [4, 10])
 def test_ulp_size_fp64_just_below_power_of_two(k):
     """Same as above for fp64: nextafter(2**k, 0) has ULP 2**(k-1-52)."""
@@ -422,11 +417,6 @@ def test_ulp_histogram_2d():
     assert metrics.ulp_histogram(a, b) == {0: 10, 1: 1, 5: 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ulp_histogram fp64: float64 distances >= 2**63 (e.g. 2.0 vs -2.0) overflow .to(int64) "
-    "and come back as the key -2**63",
-)
 def test_ulp_histogram_fp64_opposite_signs():
     """fp64 2.0 vs -2.0 is 2 * 0x4000000000000000 = 2**63 ULPs: the key must be 2**63, not negative."""
     h = metrics.ulp_histogram(t([2.0], FP64), t([-2.0], FP64))
@@ -537,11 +527,6 @@ def test_fingerprint_empty_and_scalar():
     assert FP_RE.match(e) and FP_RE.match(s) and e != s
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG fingerprint: dtypes outside _FORMATS (e.g. float8_e4m3fn) are hashed by value cast to int64, "
-    "not by bits, so 0.25 and 0.5 (both truncate to 0) collide",
-)
 def test_fingerprint_other_float_dtype_uses_bits():
     """The docstring promises equal fingerprints iff bits are equal, for any dtype."""
     a = torch.tensor([0.25, 0.5]).to(torch.float8_e4m3fn)

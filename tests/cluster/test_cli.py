@@ -1,0 +1,51 @@
+"""`moe-lab probe` end to end, and bad input rejected in one line before any engine starts."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "moe_lab.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--experts", "6", "--engines", "4"], "num_experts (6) must be divisible by ep (4)"),
+    (["--topk", "9", "--experts", "8"], "topk (9) must be <= num_experts (8)"),
+    (["--device", "cuda"], "device ('cuda') needs a GPU"),
+    (["--cut", "200", "--seq", "128"], "--cut (200) must be in 1..seq-1 (127)"),
+    (["--hidden", "0"], "hidden (0) must be a positive integer"),
+    (["--megatron", "0.99.0"], "not installed"),
+])
+def test_bad_input_is_one_line_before_engines(args, message):
+    t0 = time.monotonic()
+    r = _cli("probe", *args, timeout=60)
+    assert r.returncode == 2, r.stderr
+    err = [line for line in r.stderr.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and message in err[0], r.stderr
+    assert time.monotonic() - t0 < 30  # nothing was launched
+
+
+@pytest.mark.parametrize("args", [["--dispatcher", "flex"], ["--router-dtype", "bf16"]])
+def test_unknown_choices_are_refused_by_the_parser(args):
+    r = _cli("probe", *args, timeout=60)
+    assert r.returncode == 2 and "must be one of" in r.stderr
+
+
+@pytest.mark.cluster
+def test_probe_prints_one_json_line_per_router_dtype():
+    r = _cli("probe", "--device", "cpu", "--engines", "4", "--dispatcher", "allgather",
+             "--router-dtype", "none,fp32", "--json", "--timeout", "180")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [rec["router_dtype"] for rec in lines] == ["none", "fp32"]
+    for rec in lines:
+        for key in ("torch", "megatron_core", "nccl", "device", "backend", "world", "config"):
+            assert key in rec
+        for cmp in ("cross_rank", "rerun", "truncation"):
+            assert {"mismatch_frac", "max_abs", "max_ulp", "allclose_1e3"} <= set(rec[cmp])
+    none, fp32 = lines
+    assert none["cross_rank"]["mismatch_frac"] > 0 and fp32["cross_rank"]["mismatch_frac"] == 0

@@ -1,0 +1,106 @@
+"""4 gloo engines: up, ranks mapped, verified, and the seed report's effect measured (not assumed)."""
+
+import os
+import time
+
+import pytest
+
+from moe_lab import measure, probe
+from moe_lab.cluster import Cluster, ClusterError
+from moe_lab.config import ClusterConfig, MoEConfig
+
+pytestmark = pytest.mark.cluster
+
+
+def test_cluster_is_up_and_verified(cpu_cluster):
+    info = cpu_cluster.info
+    assert [i["rank"] for i in info] == [0, 1, 2, 3]  # results come back in rank order
+    assert {i["backend"] for i in info} == {"gloo"} and {i["world"] for i in info} == {4}
+    assert {i["ep"] for i in info} == {4} and sorted(i["ep_rank"] for i in info) == [0, 1, 2, 3]
+    assert len({i["pid"] for i in info}) == 4  # one process per rank
+    checks = cpu_cluster.health_check()
+    assert all(c["ok"] and c["sum"] == 10.0 for c in checks)
+    print(f"cluster ready in {cpu_cluster.timings['ready_s']:.1f} s ({cpu_cluster.timings})")
+
+
+def test_same_seed_same_weights_on_rebuild(cpu_cluster):
+    cfg = MoEConfig().asdict()
+    first = cpu_cluster.run(measure.weights_fingerprint, cfg, rebuild=True)
+    second = cpu_cluster.run(measure.weights_fingerprint, cfg, rebuild=True)
+    assert first == second
+    # Router weights are replicated: identical on every rank. Experts differ rank to rank (different experts).
+    routers = {fp["router.weight"] for fp in first}
+    assert len(routers) == 1
+    fc1 = {fp["experts.local_experts.0.linear_fc1.weight"] for fp in first}
+    assert len(fc1) == 4
+    other = cpu_cluster.run(measure.weights_fingerprint, MoEConfig(seed=7).asdict(), rebuild=True)
+    assert other[0]["router.weight"] != first[0]["router.weight"]
+
+
+def test_allgather_bf16_diverges_across_ranks_and_router_fp32_removes_it(cpu_cluster):
+    """The seed report on CPU/gloo, EP=4: measured per run, never assumed."""
+    bf16 = probe.run_case(cpu_cluster, MoEConfig(dispatcher="allgather", router_dtype="none"), repeats=1)
+    fp32 = probe.run_case(cpu_cluster, MoEConfig(dispatcher="allgather", router_dtype="fp32"), repeats=1)
+    assert bf16["cross_rank"]["mismatch_frac"] > 0
+    assert bf16["cross_rank"]["max_ulp"] >= 1
+    assert fp32["cross_rank"]["mismatch_frac"] == 0 and fp32["cross_rank"]["bitwise_equal"]
+    # CPU GEMMs are batch invariant and gloo is deterministic: rerun and truncation are bitwise equal here.
+    for rec in (bf16, fp32):
+        assert rec["rerun"]["bitwise_equal"] and rec["truncation"]["bitwise_equal"]
+        assert rec["megatron_core"] and rec["device"] == "cpu" and rec["world"] == 4
+
+
+def test_alltoall_runs_with_shims(cpu_cluster):
+    rec = probe.run_case(cpu_cluster, MoEConfig(dispatcher="alltoall", router_dtype="fp64"), repeats=1)
+    assert rec["cross_rank"]["numel"] == 128 * 256  # the whole [seq x hidden] output was compared
+    assert rec["rerun"]["bitwise_equal"]
+
+
+def test_detail_matches_headline(cpu_cluster):
+    rec = probe.run_case(cpu_cluster, MoEConfig(dispatcher="allgather"), detail=True, repeats=1)
+    d = rec["detail"]
+    assert set(d["pairs"]) == {"0-1", "0-2", "0-3"}
+    worst = max(p["mismatch_frac"] for p in d["pairs"].values())
+    assert worst == rec["cross_rank"]["mismatch_frac"]
+    for pair, hist in d["ulp_hist"].items():
+        assert sum(hist.values()) == 128 * 256
+        assert sum(n for u, n in hist.items() if int(u) != 0) == d["pairs"][pair]["n_mismatch"]
+        assert sum(d["token_mismatch"][pair]) == d["pairs"][pair]["n_mismatch"]
+    assert d["bytes_compared"] > 0
+
+
+def test_a_timed_out_call_names_the_ranks(cpu_cluster):
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"rank\(s\) \[0, 1, 2, 3\] did not answer within 1 s"):
+        cpu_cluster.run(time.sleep, 3, timeout=1)
+    assert time.monotonic() - t0 < 3
+    time.sleep(2.5)  # let the sleeps drain so later calls are not queued behind them
+    assert all(c["ok"] for c in cpu_cluster.health_check())
+
+
+def test_engine_errors_name_the_rank(cpu_cluster):
+    with pytest.raises(ClusterError, match=r"rank 0 \(engine \d+\) failed in .*ValueError"):
+        cpu_cluster.run(measure.run_case, dict(MoEConfig().asdict(), seq_len=128), cut=500)
+
+
+def test_stop_leaves_no_engine_processes():
+    with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=60)) as c:
+        pids = [i["pid"] for i in c.info]
+        assert all(_alive(p) for p in pids)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+    c.stop()  # idempotent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie still answers kill(0); check its state
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

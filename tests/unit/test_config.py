@@ -1,0 +1,247 @@
+"""Unit tests for moe_lab.config: every bad input is refused up front, with a message naming field and value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from moe_lab.config import ClusterConfig, MoEConfig
+
+# --------------------------------------------------------------------------------------------------
+# MoEConfig: valid configs
+# --------------------------------------------------------------------------------------------------
+
+
+def test_moe_defaults_valid():
+    """The defaults construct and are the small CPU-sized layer."""
+    c = MoEConfig()
+    assert (c.hidden, c.num_experts, c.topk, c.ffn_hidden, c.seq_len) == (256, 8, 4, 512, 128)
+    assert (c.dtype, c.dispatcher, c.router_dtype, c.ep, c.tp) == ("bf16", "allgather", "none", 0, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(topk=8),                          # topk == num_experts is allowed
+        dict(topk=1),
+        dict(ep=8),                            # one expert per EP rank
+        dict(ep=2, tp=2),
+        dict(tp=256, hidden=256, ffn_hidden=512),
+        dict(dtype="fp16", dispatcher="alltoall", router_dtype="fp32"),
+        dict(dtype="fp32", router_dtype="fp64", deterministic=True),
+    ],
+)
+def test_moe_valid_edge_configs(kwargs):
+    """Boundary values that are legal must not be refused."""
+    c = MoEConfig(**kwargs)
+    for k, v in kwargs.items():
+        assert getattr(c, k) == v
+
+
+def test_moe_seed_report():
+    """seed_report() is Megatron-LM #1421's config: hidden 4096, 64 experts, top-6, 1024 tokens, ffn 16384, bf16."""
+    c = MoEConfig.seed_report()
+    assert c.hidden == 4096
+    assert c.num_experts == 64
+    assert c.topk == 6
+    assert c.seq_len == 1024
+    assert c.ffn_hidden == 16384
+    assert c.dtype == "bf16"
+    # Everything else stays at the class defaults.
+    assert (c.dispatcher, c.router_dtype, c.ep, c.tp, c.seed) == ("allgather", "none", 0, 1, 123)
+
+
+def test_moe_seed_report_overrides():
+    """Overrides replace seed-report values and are validated like any other input."""
+    c = MoEConfig.seed_report(dispatcher="alltoall", seq_len=16)
+    assert (c.dispatcher, c.seq_len, c.hidden) == ("alltoall", 16, 4096)
+    with pytest.raises(ValueError, match=r"topk \(65\).*num_experts \(64\)"):
+        MoEConfig.seed_report(topk=65)
+
+
+def test_moe_frozen():
+    """Configs are frozen: assigning a field raises, and the value stays."""
+    c = MoEConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.hidden = 512  # type: ignore[misc]
+    assert c.hidden == 256
+
+
+def test_moe_keyword_only():
+    """Fields are keyword-only, so a positional argument cannot silently land in the wrong field."""
+    with pytest.raises(TypeError):
+        MoEConfig(256)  # type: ignore[misc]
+
+
+def test_moe_replace_revalidates():
+    """replace() returns a new, checked config and leaves the original untouched."""
+    c = MoEConfig()
+    d = c.replace(topk=2)
+    assert d.topk == 2 and c.topk == 4
+    with pytest.raises(ValueError, match=r"topk \(9\)"):
+        c.replace(topk=9)
+
+
+def test_moe_asdict_roundtrip_and_hash():
+    """asdict() round-trips through the constructor; equal configs are equal and hash alike."""
+    c = MoEConfig.seed_report(ep=8)
+    d = c.asdict()
+    assert d["hidden"] == 4096 and d["ep"] == 8
+    assert MoEConfig(**d) == c
+    assert hash(MoEConfig(**d)) == hash(c)
+
+
+# --------------------------------------------------------------------------------------------------
+# MoEConfig: bad inputs
+# --------------------------------------------------------------------------------------------------
+
+BAD_MOE = [
+    # (kwargs, substrings the message must contain: field name and offending value)
+    pytest.param(dict(num_experts=6, ep=4), ["num_experts (6)", "ep (4)"], id="experts-not-divisible-by-ep"),
+    pytest.param(dict(num_experts=8, topk=9), ["topk (9)", "num_experts (8)"], id="topk-gt-experts"),
+    pytest.param(dict(dispatcher="alltoallv"), ["dispatcher", "'alltoallv'"], id="unknown-dispatcher"),
+    pytest.param(dict(dispatcher="AllGather"), ["dispatcher", "'AllGather'"], id="dispatcher-case"),
+    pytest.param(dict(router_dtype="bf16"), ["router_dtype", "'bf16'"], id="unknown-router-dtype"),
+    pytest.param(dict(router_dtype=None), ["router_dtype", "None"], id="router-dtype-None"),
+    pytest.param(dict(dtype="bfloat16"), ["dtype", "'bfloat16'"], id="unknown-dtype"),
+    pytest.param(dict(dtype="fp64"), ["dtype", "'fp64'"], id="dtype-fp64"),
+    pytest.param(dict(hidden=0), ["hidden (0)"], id="hidden-zero"),
+    pytest.param(dict(hidden=-256), ["hidden (-256)"], id="hidden-negative"),
+    pytest.param(dict(num_experts=0, topk=0), ["num_experts (0)"], id="experts-zero"),
+    pytest.param(dict(topk=0), ["topk (0)"], id="topk-zero"),
+    pytest.param(dict(ffn_hidden=0), ["ffn_hidden (0)"], id="ffn-zero"),
+    pytest.param(dict(seq_len=-5), ["seq_len (-5)"], id="seq-negative"),
+    pytest.param(dict(tp=0), ["tp (0)"], id="tp-zero"),
+    pytest.param(dict(ep=-1), ["ep (-1)"], id="ep-negative"),
+    pytest.param(dict(ep=2.0), ["ep (2.0)"], id="ep-float"),
+    pytest.param(dict(hidden=True), ["hidden (True)"], id="hidden-bool"),
+    pytest.param(dict(topk=True), ["topk (True)"], id="topk-bool"),
+    pytest.param(dict(tp=True), ["tp (True)"], id="tp-bool"),
+    pytest.param(dict(hidden=256.0), ["hidden (256.0)"], id="hidden-float"),
+    pytest.param(dict(seq_len="128"), ["seq_len ('128')"], id="seq-str"),
+    pytest.param(dict(hidden=256, tp=3), ["hidden (256)", "tp (3)"], id="hidden-not-divisible-by-tp"),
+    pytest.param(dict(hidden=256, ffn_hidden=100, tp=8), ["ffn_hidden (100)", "tp (8)"], id="ffn-not-divisible-by-tp"),
+]
+
+
+@pytest.mark.parametrize("kwargs, needles", BAD_MOE)
+def test_moe_bad_input_names_field_and_value(kwargs, needles):
+    """Each invalid input raises ValueError whose message names the field and the offending value."""
+    with pytest.raises(ValueError) as exc:
+        MoEConfig(**kwargs)
+    msg = str(exc.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+
+
+def test_moe_ep_bool_refused():
+    """ep=True is a bool, not an EP size: refused like hidden=True / tp=True."""
+    with pytest.raises(ValueError, match=r"ep \(True\)"):
+        MoEConfig(ep=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# MoEConfig.resolved_ep
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ep, tp, world, expected",
+    [
+        (0, 1, 8, 8),   # ep=0 → world / tp
+        (0, 2, 8, 4),
+        (0, 1, 1, 1),
+        (2, 2, 4, 2),   # explicit ep, ep * tp == world
+        (4, 1, 4, 4),
+        (8, 1, 8, 8),
+    ],
+)
+def test_resolved_ep_ok(ep, tp, world, expected):
+    """resolved_ep returns the EP size when ep * tp == world and experts divide evenly."""
+    assert MoEConfig(ep=ep, tp=tp).resolved_ep(world) == expected
+
+
+@pytest.mark.parametrize(
+    "ep, tp, world, needles",
+    [
+        (2, 1, 4, ["ep (2)", "tp (1)", "world size (4)"]),   # explicit ep does not fill the world
+        (4, 2, 4, ["ep (4)", "tp (2)", "world size (4)"]),   # ep * tp overshoots
+        (0, 2, 3, ["ep (1)", "tp (2)", "world size (3)"]),   # world not divisible by tp: 3 // 2 = 1
+        (0, 1, 3, ["num_experts (8)", "ep (3)"]),            # 8 experts over 3 ranks
+        (0, 1, 16, ["num_experts (8)", "ep (16)"]),          # more EP ranks than experts
+    ],
+)
+def test_resolved_ep_errors(ep, tp, world, needles):
+    """A world that doesn't match ep * tp, or experts not divisible by the resolved ep, raises ValueError."""
+    with pytest.raises(ValueError) as exc:
+        MoEConfig(ep=ep, tp=tp).resolved_ep(world)
+    for needle in needles:
+        assert needle in str(exc.value), f"{needle!r} not in {str(exc.value)!r}"
+
+
+@pytest.mark.parametrize("world", [0, -8])
+def test_resolved_ep_non_positive_world(world):
+    """A world of <= 0 ranks is not a world: ValueError, not ZeroDivisionError or a negative EP."""
+    with pytest.raises(ValueError):
+        MoEConfig().resolved_ep(world)
+
+
+# --------------------------------------------------------------------------------------------------
+# ClusterConfig
+# --------------------------------------------------------------------------------------------------
+
+
+def test_cluster_defaults_valid():
+    """Defaults construct: 4 CPU engines, tp 1, positive timeouts, empty path/env."""
+    c = ClusterConfig()
+    assert (c.device, c.engines, c.tp) == ("cpu", 4, 1)
+    assert c.timeout_s > 0 and c.start_timeout_s > 0
+    assert c.extra_path == () and c.env == ()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(device="cuda", engines=8, tp=2), dict(engines=1), dict(engines=6, tp=3), dict(timeout_s=0.5)],
+)
+def test_cluster_valid(kwargs):
+    """Legal combinations are accepted as given."""
+    c = ClusterConfig(**kwargs)
+    for k, v in kwargs.items():
+        assert getattr(c, k) == v
+
+
+BAD_CLUSTER = [
+    pytest.param(dict(engines=6, tp=4), ["engines (6)", "tp (4)"], id="engines-not-divisible-by-tp"),
+    pytest.param(dict(engines=3, tp=2), ["engines (3)", "tp (2)"], id="odd-engines-tp2"),
+    pytest.param(dict(device="gpu"), ["device", "'gpu'"], id="unknown-device"),
+    pytest.param(dict(device="CUDA"), ["device", "'CUDA'"], id="device-case"),
+    pytest.param(dict(engines=0), ["engines (0)"], id="engines-zero"),
+    pytest.param(dict(engines=True), ["engines (True)"], id="engines-bool"),
+    pytest.param(dict(engines=4.0), ["engines (4.0)"], id="engines-float"),
+    pytest.param(dict(tp=0), ["tp (0)"], id="tp-zero"),
+    pytest.param(dict(timeout_s=0), ["timeout_s (0)"], id="timeout-zero"),
+    pytest.param(dict(timeout_s=-1.0), ["timeout_s (-1.0)"], id="timeout-negative"),
+    pytest.param(dict(timeout_s=float("nan")), ["timeout_s (nan)"], id="timeout-nan"),
+    pytest.param(dict(start_timeout_s=0.0), ["start_timeout_s (0.0)"], id="start-timeout-zero"),
+]
+
+
+@pytest.mark.parametrize("kwargs, needles", BAD_CLUSTER)
+def test_cluster_bad_input_names_field_and_value(kwargs, needles):
+    """Each invalid cluster input raises ValueError naming the field and value."""
+    with pytest.raises(ValueError) as exc:
+        ClusterConfig(**kwargs)
+    msg = str(exc.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+
+
+def test_cluster_frozen_and_replace():
+    """ClusterConfig is frozen; replace() re-validates."""
+    c = ClusterConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.engines = 8  # type: ignore[misc]
+    assert c.replace(engines=8, tp=2).engines == 8
+    with pytest.raises(ValueError, match=r"engines \(4\).*tp \(3\)"):
+        c.replace(tp=3)
