@@ -193,5 +193,7 @@ def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str
         cmd.append(f"--port={port}")
     if not open_browser:
         cmd.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # containers and CI run as root; jupyter refuses it otherwise
     cmd += list(extra_args or [])
     return subprocess.call(cmd)

@@ -1,0 +1,33 @@
+# The two commands of the README: `make reports` (the main job) and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+# A GPU node usually has its own CUDA torch: reuse it (system site-packages) instead of installing one.
+HAVE_CUDA_TORCH := $(shell $(PYTHON) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && echo 1)
+
+.PHONY: setup reports test lab clean-venv
+
+setup: $(VENV)/.moe_lab-ready
+
+$(VENV)/.moe_lab-ready: pyproject.toml
+	@echo "== setting up $(VENV) (torch: $(if $(HAVE_CUDA_TORCH),the node's CUDA build,$(TORCH)))"
+	$(PYTHON) -m venv $(if $(HAVE_CUDA_TORCH),--system-site-packages) $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(if $(HAVE_CUDA_TORCH),,$(BIN)/python -m pip install -q "$(TORCH)")
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@touch $@
+
+# Main job: every numbered notebook → reports/<profile>-<date>/ (HTML + results.json); gpu profile if a GPU is visible.
+reports: setup
+	$(BIN)/moe-lab run $(ARGS)
+
+# Tests: unit + cluster (4 gloo engines) + notebooks on the cpu profile; GPU tests skip without GPUs.
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lab: setup
+	$(BIN)/moe-lab lab
+
+clean-venv:
+	rm -rf $(VENV)
