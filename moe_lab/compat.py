@@ -1,11 +1,12 @@
-"""The only place that knows megatron-core releases: version detection, CPU shims, building a real MoELayer.
+"""The only place that knows megatron-core releases: version detection, shims, building a real MoELayer.
 
 megatron-core assumes CUDA. On CPU engines a MoELayer forward needs small, contained shims (DEVELOPERS.md,
 ../shared/notes/megatron-core-facts.md), applied only on CPU and only in engine processes:
 - `torch.cuda.current_device()` → the CPU device (router, mappings and experts allocate on it);
 - `torch.cuda.Stream/current_stream/stream/synchronize` → no-ops (alltoall dispatcher's DtoH side stream);
 - split sizes that stay CPU tensors/arrays → lists for `all_to_all_single` (gloo rejects tensors);
-- 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None.
+- 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None (also on GPUs
+  without TE: `fix_missing_te`, applied by dist.setup on every device).
 """
 
 from __future__ import annotations
@@ -137,13 +138,21 @@ def apply_cpu_shims() -> list[str]:
         torch.distributed.all_to_all_single = all_to_all_single
         _APPLIED["all_to_all_single_lists"] = 1
 
-    from megatron.core.transformer.moe import moe_utils
-
-    if not hasattr(moe_utils, "te_general_gemm"):  # 0.13–0.16 without TransformerEngine
-        moe_utils.te_general_gemm = None
-        _APPLIED["te_general_gemm=None"] = 1
+    fix_missing_te()
     logger.debug("CPU shims applied: %s", list(_APPLIED))
     return list(_APPLIED)
+
+
+def fix_missing_te() -> bool:
+    """0.13–0.16 reference `moe_utils.te_general_gemm` in every router forward but define it only with
+    TransformerEngine → NameError without TE, on GPUs too. Define it as None (the non-TE path). Returns True if set."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if hasattr(moe_utils, "te_general_gemm"):
+        return False
+    moe_utils.te_general_gemm = None
+    _APPLIED["te_general_gemm=None"] = 1
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- building

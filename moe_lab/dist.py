@@ -60,6 +60,7 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
         backend = "nccl"
+        compat.fix_missing_te()
     else:
         torch.set_num_threads(1)  # N engines share the cores; oversubscription only slows every rank
         compat.apply_cpu_shims()
