@@ -41,6 +41,8 @@ class MoEConfig:
     """megatron-core token dispatcher: 'allgather' or 'alltoall'."""
     router_dtype: str = "none"
     """`moe_router_dtype`: 'none' keeps the activation dtype (megatron's default); 'fp32'/'fp64' promote."""
+    probs_fp32_gather: bool = False
+    """The seed reporter's fix: routing probs cast to fp32 before the dispatcher communicates them (a lab toggle)."""
     ep: int = 0
     """Expert-parallel size; 0 means the whole world / tp."""
     tp: int = 1
@@ -53,6 +55,9 @@ class MoEConfig:
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
             _positive(name, getattr(self, name))
+        for name in ("probs_fp32_gather", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} ({getattr(self, name)!r}) must be True or False")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed ({self.seed!r}) must be an integer")
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from . import probe, profiles
+from . import localise, probe, profiles
 from .cluster import Cluster
 
 logger = logging.getLogger(__name__)
@@ -71,4 +71,65 @@ def verdict_01(records: list[dict]) -> str:
                      "not because of EP (see notebook 03 for deterministic mode).")
     if not ep_only and not nondet:
         lines.append("Verdict: no cross-rank divergence on this setup for any case run.")
+    return "\n".join(lines)
+
+
+def localise_probs_path(cluster: Cluster, params: dict) -> dict[str, list[dict]]:
+    """Notebook 02: capture every stage on every rank for each dispatcher x probs-path variant.
+
+    Returns {"stages": rows (stage x comparison unit), "ledger": collectives, "cases": one summary per case}.
+    """
+    base = profiles.base_moe(params)
+    env = cluster.summary()
+    cases = [(d, v) for d in params["dispatchers"] for v in localise.VARIANTS]
+    for d, v in cases:
+        probe.check_case(base.replace(dispatcher=d, router_dtype=localise.VARIANTS[v][0]), cluster.world,
+                         env["megatron_core"], params["cut"])
+    out = {"stages": [], "ledger": [], "cases": []}
+    for d, v in _progress(cases, "02 cases"):
+        router_dtype, fp32_gather = localise.VARIANTS[v]
+        cfg = base.replace(dispatcher=d, router_dtype=router_dtype, probs_fp32_gather=fp32_gather)
+        per_rank = cluster.run(localise.localise_case, cfg.asdict(), what=f"capture {d}/{v}")
+        common = dict(env, notebook="02", variant=v, dispatcher=d, router_dtype=router_dtype,
+                      probs_fp32_gather=fp32_gather, config=cfg.asdict())
+        rows = localise.stage_rows(per_rank)
+        out["stages"] += [dict(common, record="stage", **r) for r in rows]
+        out["ledger"] += [dict(common, record="collective", **c) for c in per_rank[0]["ledger"]]
+        final = [r for r in rows if r["stage"] == "moe.out"]
+        out["cases"].append(dict(
+            common, record="case", first_divergent_stage=localise.first_divergent(rows),
+            first_divergent_by_pair=localise.first_divergent_by_pair(rows, cluster.world),
+            out_mismatch_frac=max((r["mismatch_frac"] for r in final), default=None),
+            out_max_ulp=max((r["max_ulp"] for r in final), default=None),
+            probs_gather_dtype=next((c["dtype"] for c in per_rank[0]["ledger"]
+                                     if c["role"] == "probs" and c["stage"].startswith("dispatch")), None),
+            combine_dtype=next((c["dtype"] for c in per_rank[0]["ledger"] if c["stage"].startswith("combine")), None),
+            combine_op=next((c["op"] for c in per_rank[0]["ledger"] if c["stage"].startswith("combine")), None),
+            bytes_compared=sum(r["bytes_compared"] for r in per_rank)))
+    return out
+
+
+def verdict_02(cases: list[dict]) -> str:
+    """Which stage first diverges per dispatcher and variant, and what the probs all-gather contributes."""
+    if not cases:
+        return "No case ran."
+    c0 = cases[0]
+    lines = [f"megatron-core {c0['megatron_core']}, {c0['world']} EP ranks on {c0.get('gpu') or c0['device']}:"]
+    for c in cases:
+        where = c["first_divergent_stage"]
+        what = ("every stage agrees across ranks (and across copies within a rank)" if where is None else
+                f"first divergent stage: {where}; output {c['out_mismatch_frac']:.3g} of elements differ, "
+                f"max {c['out_max_ulp']:.0f} ULP")
+        lines.append(f"- {c['dispatcher']}, {c['variant']}: probs travel in {c['probs_gather_dtype']}, the combine "
+                     f"({c['combine_op']}) runs in {c['combine_dtype']}; {what}")
+    firsts = {c["first_divergent_stage"] for c in cases} - {None}
+    gather_first = [s for s in firsts if s.startswith("dispatch.comm")]
+    if firsts and not gather_first:
+        lines.append("Verdict: the probs all-gather copies bits (gathered probs are bitwise equal on every rank); "
+                     f"divergence first appears at {', '.join(sorted(firsts))}, i.e. in the reduction/accumulation "
+                     "after it. A remedy works when it changes the dtype of that reduction (see the ledger).")
+    elif gather_first:
+        lines.append(f"Verdict: divergence already appears at {', '.join(gather_first)} (the dispatch communication).")
+    else:
+        lines.append("Verdict: no stage diverges across ranks on this setup.")
     return "\n".join(lines)

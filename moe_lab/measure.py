@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as tdist
 
-from . import compat, metrics, model
+from . import compat, metrics, model, toggles
 from .config import MoEConfig
 from .dist import STATE, init_parallel_state
 
@@ -156,10 +156,11 @@ def run_case(cfg_dict: dict, *, cut: int = 90, detail: bool = False, repeats: in
     try:
         layer = get_layer(cfg)
         tokens = model.make_tokens(cfg, dev)
-        out1 = forward(layer, tokens)
-        out2 = forward(layer, tokens)
-        out_t = forward(layer, model.truncate(tokens, cut))
-        t_fwd = time_forward(layer, tokens, repeats) if repeats else None
+        with toggles.probs_fp32_before_gather(layer, cfg.probs_fp32_gather):
+            out1 = forward(layer, tokens)
+            out2 = forward(layer, tokens)
+            out_t = forward(layer, model.truncate(tokens, cut))
+            t_fwd = time_forward(layer, tokens, repeats) if repeats else None
         res = {
             "rank": tdist.get_rank(),
             "rerun": metrics.compare(out1, out2),

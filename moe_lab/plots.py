@@ -88,3 +88,52 @@ def mismatch_maps(records: list[dict]):
         ax.set_axis_off()
     fig.tight_layout()
     return fig
+
+
+def stage_heatmap(stage_rows: pd.DataFrame, ax=None, title: str = "", vmax: float | None = None):
+    """Stage (execution order) x comparison unit: bitwise mismatch fraction; blank = not compared."""
+    df = stage_rows.dropna(subset=["mismatch_frac"])
+    order = df.drop_duplicates("stage").sort_values("order")
+    t = df.pivot_table(index="stage", columns="unit", values="mismatch_frac", aggfunc="max").reindex(order["stage"])
+    t = t[sorted(t.columns, key=lambda u: (not u.startswith("rank"), u))]  # rank pairs first, then copies
+    labels = [f"{s}  [{k}]" for s, k in zip(order["stage"], order["kind"])]
+    ax = ax or plt.subplots(figsize=(1.3 * t.shape[1] + 4, 0.36 * t.shape[0] + 1.5))[1]
+    vmax = vmax if vmax is not None else float(t.max().max())
+    sns.heatmap(t, annot=True, fmt=".1%", cmap="rocket_r", vmin=0, vmax=max(vmax, 0.01),
+                cbar_kws={"label": "bitwise mismatch fraction"}, ax=ax, annot_kws={"fontsize": 7},
+                yticklabels=labels, linewidths=0.5, linecolor="#eee")
+    ax.set_xlabel("")
+    ax.set_ylabel("")
+    ax.set_title(title or "Where ranks stop agreeing")
+    return ax
+
+
+def stage_heatmaps(stage_rows: pd.DataFrame, by=("dispatcher", "variant")):
+    """One stage heatmap per case (dispatcher x variant), in a grid."""
+    groups = list(stage_rows.groupby(list(by), sort=False))
+    cols = 3 if len(groups) > 2 else len(groups)
+    rows = math.ceil(len(groups) / cols)
+    n_stages = stage_rows["stage"].nunique()
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, (0.33 * n_stages + 2.2) * rows), squeeze=False)
+    vmax = float(stage_rows["mismatch_frac"].max())  # one colour scale for every panel
+    for ax, (key, g) in zip(axes.flat, groups):
+        stage_heatmap(g, ax=ax, title=" / ".join(map(str, key)), vmax=vmax)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_axis_off()
+    fig.tight_layout()
+    return fig
+
+
+def divergence_growth(stage_rows: pd.DataFrame, ax=None):
+    """Worst mismatch fraction per stage, in execution order, one line per case: how divergence grows."""
+    df = stage_rows.dropna(subset=["mismatch_frac"]).copy()
+    df["case"] = df["dispatcher"] + " / " + df["variant"]
+    g = df.groupby(["case", "order", "stage"], as_index=False)["mismatch_frac"].max().sort_values("order")
+    ax = ax or plt.subplots(figsize=(10, 4))[1]
+    sns.lineplot(g, x="order", y="mismatch_frac", hue="case", marker="o", ax=ax)
+    ticks = g.drop_duplicates("order")
+    ax.set_xticks(ticks["order"], ticks["stage"], rotation=60, ha="right", fontsize=8)
+    ax.set_xlabel("")
+    ax.set_ylabel("worst bitwise mismatch fraction")
+    ax.set_title("Divergence stage by stage")
+    return ax
