@@ -137,3 +137,44 @@ def divergence_growth(stage_rows: pd.DataFrame, ax=None):
     ax.set_ylabel("worst bitwise mismatch fraction")
     ax.set_title("Divergence stage by stage")
     return ax
+
+
+def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
+    """Release x dispatcher (rows) by remedy (columns): bitwise mismatch; ✓ marks cells where ranks are bitwise equal
+    and a rerun is too; n/a = the release lacks the setting."""
+    rows = []
+    for r in records:
+        row = {"release / dispatcher": f"{r['megatron_core']} / {r['dispatcher']}",
+               "setting": ("router " + r["router_dtype"] + (" +pf32" if r["probs_fp32_gather"] else "")
+                           + (" +det" if r["deterministic"] else ""))}
+        row["value"] = float("nan") if "skipped" in r else r[metric]["mismatch_frac"]
+        row["label"] = "n/a" if "skipped" in r else ("✓" if r[metric]["bitwise_equal"] and r["rerun"]["bitwise_equal"]
+                                                      else f"{r[metric]['mismatch_frac']:.1%}")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    t = df.pivot(index="release / dispatcher", columns="setting", values="value")
+    lab = df.pivot(index="release / dispatcher", columns="setting", values="label").reindex_like(t)
+    ax = ax or plt.subplots(figsize=(1.05 * t.shape[1] + 3, 0.55 * t.shape[0] + 2.2))[1]
+    sns.heatmap(t, annot=lab.values, fmt="", cmap="rocket_r", vmin=0, vmax=max(0.01, float(df["value"].max())),
+                cbar_kws={"label": f"{metric} bitwise mismatch fraction"}, ax=ax, linewidths=0.5, linecolor="#ddd",
+                annot_kws={"fontsize": 8})
+    ax.set_xlabel("")
+    ax.set_ylabel("")
+    ax.set_title(f"{metric}: ✓ = ranks bitwise equal and rerun bitwise equal")
+    return ax
+
+
+def cost_bars(cost_df: pd.DataFrame, ax=None):
+    """Forward time of each setting relative to the plain bf16 forward (same release and dispatcher)."""
+    df = cost_df.copy()
+    df["setting"] = ("router " + df["router_dtype"] + df["probs_fp32_gather"].map({True: " +pf32", False: ""})
+                     + df["deterministic"].map({True: " +det", False: ""}))
+    df["release / dispatcher"] = df["megatron_core"] + " / " + df["dispatcher"]
+    ax = ax or plt.subplots(figsize=(11, 4))[1]
+    sns.barplot(df, x="setting", y="relative_time", hue="release / dispatcher", ax=ax)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_ylabel("forward time / plain bf16 forward")
+    ax.set_xlabel("")
+    ax.tick_params(axis="x", rotation=45)
+    ax.set_title("Cost of each setting (median of repeated forwards)")
+    return ax

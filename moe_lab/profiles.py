@@ -10,7 +10,8 @@ from .config import DISPATCHERS, ROUTER_DTYPES, ClusterConfig, MoEConfig
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
-_KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron"}
+_KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
+                           "releases", "repeats", "wheels"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -45,6 +46,19 @@ def check(params: dict, where: str = "parameters") -> None:
         if bad or not vals:
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
     base_moe(params)  # MoEConfig checks sizes
+    rel = params.get("releases", [])
+    if isinstance(rel, str):
+        rel = params["releases"] = [v for v in rel.split(",") if v]
+    for v in rel:
+        if v != "installed":
+            from .compat import parse_version
+
+            try:
+                parse_version(v)
+            except ValueError:
+                raise ValueError(f"{where}: releases entry ({v!r}) must be 'installed' or X.Y.Z, e.g. 0.12.3") from None
+    if not isinstance(params.get("repeats", 5), int) or params.get("repeats", 5) < 1:
+        raise ValueError(f"{where}: repeats ({params.get('repeats')!r}) must be a positive integer")
     if params.get("device") not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
     if not isinstance(params.get("engines", 0), int) or params.get("engines", 0) < 0:
