@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import logging
 import re
 import sys
+import warnings
 
 import torch
 
@@ -37,7 +37,9 @@ def parse_version(v: str) -> tuple[int, int, int]:
 def installed_version() -> str:
     """The megatron-core release that `import megatron.core` loads here (sys.path order respected)."""
     try:
-        import megatron.core as mc
+        with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": known, and said in the README
+            warnings.filterwarnings("ignore", message=".*Transformer Engine.*", category=UserWarning)
+            import megatron.core as mc
     except ImportError as e:
         raise RuntimeError("megatron-core is not importable: `pip install megatron-core` or `moe-lab versions install X.Y.Z`") from e
     v = getattr(mc, "__version__", None)

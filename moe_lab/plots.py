@@ -153,6 +153,8 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
         rows.append(row)
     df = pd.DataFrame(rows)
     t = df.pivot(index="release / dispatcher", columns="setting", values="value")
+    rank = {"none": 0, "fp32": 1, "fp64": 2}
+    t = t[sorted(t.columns, key=lambda c: (rank.get(c.split()[1], 9), "+pf32" in c, "+det" in c))]
     lab = df.pivot(index="release / dispatcher", columns="setting", values="label").reindex_like(t)
     ax = ax or plt.subplots(figsize=(1.05 * t.shape[1] + 3, 0.55 * t.shape[0] + 2.2))[1]
     sns.heatmap(t, annot=lab.values, fmt="", cmap="rocket_r", vmin=0, vmax=max(0.01, float(df["value"].max())),
@@ -160,7 +162,8 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
                 annot_kws={"fontsize": 8})
     ax.set_xlabel("")
     ax.set_ylabel("")
-    ax.set_title(f"{metric}: ✓ = ranks bitwise equal and rerun bitwise equal")
+    ax.set_facecolor("#e6e6e6")  # NaN cells: the release has no such setting
+    ax.set_title(f"{metric}: ✓ = ranks and rerun bitwise equal; grey = n/a for that release")
     return ax
 
 

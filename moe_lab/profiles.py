@@ -11,7 +11,7 @@ from .config import DISPATCHERS, ROUTER_DTYPES, ClusterConfig, MoEConfig
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
-                           "releases", "repeats", "wheels"}
+                           "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -57,6 +57,10 @@ def check(params: dict, where: str = "parameters") -> None:
                 parse_version(v)
             except ValueError:
                 raise ValueError(f"{where}: releases entry ({v!r}) must be 'installed' or X.Y.Z, e.g. 0.12.3") from None
+    for axis in ("probs_fp32_gather", "deterministic"):  # sweep axes: lists of booleans
+        vals = params.get(axis, [False, True])
+        if not isinstance(vals, list) or not vals or not all(isinstance(v, bool) for v in vals):
+            raise ValueError(f"{where}: {axis} ({vals!r}) must be a non-empty list of true/false")
     if not isinstance(params.get("repeats", 5), int) or params.get("repeats", 5) < 1:
         raise ValueError(f"{where}: repeats ({params.get('repeats')!r}) must be a positive integer")
     if params.get("device") not in ("cpu", "cuda"):

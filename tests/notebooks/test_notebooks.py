@@ -122,3 +122,39 @@ def test_lab_serves_the_notebooks():
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+def test_02_finds_the_combine_not_the_gather(cpu_report):
+    cases = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "case"]
+    by = {(c["dispatcher"], c["variant"]): c for c in cases}
+    plain = by[("allgather", "bf16 (nothing)")]
+    assert plain["first_divergent_stage"] == "combine.comm" and plain["probs_gather_dtype"] == "bfloat16"
+    assert by[("allgather", "probs fp32 before gather (reporter's fix)")]["first_divergent_stage"] is None
+    assert by[("allgather", "moe_router_dtype=fp32")]["combine_dtype"] == "float32"
+    stages = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "stage"]
+    gathered = [r for r in stages if r["stage"] == "dispatch.comm.probs" and r["dispatcher"] == "allgather"]
+    assert gathered and all(r["bitwise_equal"] for r in gathered)  # the all-gather copies bits
+    ledger = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "collective"]
+    assert {"op", "dtype", "role"} <= set(ledger[0])
+
+
+def test_03_router_fp32_removes_the_allgather_divergence_from_0_12_on(cpu_report):
+    cells = [r for r in cpu_report["results"] if r["notebook"] == "03"]
+    releases = {r["megatron_core"] for r in cells}
+    assert {"0.11.0", "0.12.3"} <= releases and len(releases) == 3
+    ran = [r for r in cells if "skipped" not in r]
+    for v in releases - {"0.11.0"}:
+        def cell(router, pf32=False, det=False, d="allgather"):
+            return next(r for r in ran if (r["megatron_core"], r["dispatcher"], r["router_dtype"], r["probs_fp32_gather"],
+                                           r["deterministic"]) == (v, d, router, pf32, det))
+        assert cell("none")["cross_rank"]["mismatch_frac"] > 0
+        assert cell("fp32")["cross_rank"]["bitwise_equal"] and cell("fp64")["cross_rank"]["bitwise_equal"]
+        assert cell("fp32")["combine_dtype"] == "float32" and cell("fp32")["out_dtype"] == "bfloat16"
+        assert cell("none", pf32=True)["cross_rank"]["bitwise_equal"]
+    # 0.11 has no moe_router_dtype: those cells are n/a; the reporter's fix leaves an fp32 output that still differs.
+    old = [r for r in cells if r["megatron_core"] == "0.11.0"]
+    assert all("skipped" in r for r in old if r["router_dtype"] != "none")
+    fix = next(r for r in old if r["dispatcher"] == "allgather" and r["probs_fp32_gather"] and not r["deterministic"])
+    assert fix["out_dtype"] == "float32" and fix["combine_dtype"] == "float32"
+    assert fix["cross_rank"]["mismatch_frac"] > 0
+    assert all(r["t_forward_s"] > 0 for r in ran)
