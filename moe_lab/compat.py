@@ -192,7 +192,8 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
         fp16=cfg.dtype == "fp16",
         params_dtype=torch_dtype(cfg.dtype),
         use_cpu_initialization=device == "cpu",
-        perform_initialization=True,
+        # model.init_weights overwrites every parameter from the seed: megatron's own init would be done twice
+        perform_initialization=False,
     )
     if cfg.router_dtype != "none":
         kwargs["moe_router_dtype"] = cfg.router_dtype

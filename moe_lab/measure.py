@@ -38,8 +38,12 @@ def get_layer(cfg: MoEConfig):
         from megatron.core import parallel_state as ps
 
         layer = compat.build_moe_layer(cfg, ep=ep, tp=cfg.tp, device=STATE["device"])
-        model.init_weights(layer, cfg, ep_rank=ps.get_expert_model_parallel_rank(),
-                           tp_rank=ps.get_tensor_model_parallel_rank(), tp=cfg.tp)
+        n = model.init_weights(layer, cfg, ep_rank=ps.get_expert_model_parallel_rank(),
+                               tp_rank=ps.get_tensor_model_parallel_rank(), tp=cfg.tp)
+        names = [name for name, _ in layer.named_parameters()]
+        if n != len(names):  # megatron's init is off (perform_initialization=False): every tensor must be seeded
+            raise RuntimeError(f"megatron-core {compat.installed_version()}: seeded {n} of {len(names)} parameters "
+                               f"({names}); teach model.init_weights the new names")
         layers[key] = layer
     return layers[key]
 

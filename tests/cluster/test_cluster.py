@@ -79,7 +79,7 @@ def test_a_timed_out_call_names_the_ranks(cpu_cluster):
 
 
 def test_engine_errors_name_the_rank(cpu_cluster):
-    with pytest.raises(ClusterError, match=r"rank 0 \(engine \d+\) failed in .*ValueError"):
+    with pytest.raises(ClusterError, match=r"rank \d \(engine \d+\) failed in .*ValueError: cut \(500\)"):
         cpu_cluster.run(measure.run_case, dict(MoEConfig().asdict(), seq_len=128), cut=500)
 
 
