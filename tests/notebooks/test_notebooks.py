@@ -158,3 +158,19 @@ def test_03_router_fp32_removes_the_allgather_divergence_from_0_12_on(cpu_report
     assert fix["out_dtype"] == "float32" and fix["combine_dtype"] == "float32"
     assert fix["cross_rank"]["mismatch_frac"] > 0
     assert all(r["t_forward_s"] > 0 for r in ran)
+
+
+def test_04_truncation_reproduced_explained_and_fixed_under_emulation(cpu_report):
+    recs = [r for r in cpu_report["results"] if r["notebook"] == "04"]
+    cases = [r for r in recs if r["kind"] == "case" and r["available"]]
+    for r in recs:
+        for k in ("remedy", "emulated", "dispatcher", "router_dtype", "megatron_core", "device", "world"):
+            assert r[k] not in (None, ""), k
+    by = {(r["dispatcher"], r["emulation"], r["remedy"]): r for r in cases}
+    for d in ("allgather", "alltoall"):
+        assert not by[(d, "none", "none")]["emulated"]
+        assert by[(d, "none", "none")]["truncation"]["bitwise_equal"]  # CPU GEMMs are batch invariant
+        assert by[(d, "splitk+atomics", "none")]["emulated"]
+        assert not by[(d, "splitk+atomics", "none")]["truncation"]["bitwise_equal"]
+        fix = by[(d, "splitk+atomics", "deterministic+tiled_experts")]
+        assert fix["truncation"]["bitwise_equal"] and fix["rerun"]["bitwise_equal"]
