@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import logging
 import os
 import platform
+import signal
 import socket
 import sys
+import threading
 import time
 
 logger = logging.getLogger(__name__)
@@ -23,6 +26,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def identify(stack_file: str | None = None) -> dict:
+    """Where this engine runs (pid, host, main thread), so the controller can watch it; the first call on an engine.
+
+    With `stack_file`, SIGUSR1 makes the engine append every thread's Python stack to it, even while it is blocked
+    in a collective: the controller uses that to say which rank waits where when a call hangs (#7).
+    """
+    if stack_file:
+        old = STATE.pop("stack_fh", None)
+        os.makedirs(os.path.dirname(stack_file), exist_ok=True)
+        STATE["stack_fh"] = open(stack_file, "a")  # kept open: faulthandler writes to its fd from a signal handler
+        faulthandler.register(signal.SIGUSR1, file=STATE["stack_fh"], all_threads=True, chain=False)
+        if old is not None:
+            old.close()
+    return {"pid": os.getpid(), "node": platform.node(), "address": host_address(),
+            "main_thread": threading.main_thread().ident, "stack_file": stack_file}
+
+
+def open_store(*, world: int, timeout_s: float, port: int = 0) -> int:
+    """Rank 0: open the rendezvous TCPStore and return its port. `port=0` lets the OS pick a free one, held from
+    here on, so no other process can take it before the others connect; a busy `port` falls back to that."""
+    from torch.distributed import TCPStore
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = TCPStore("0.0.0.0", port, world, True, timeout=timeout, wait_for_workers=False)
+    except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError (a RuntimeError) on EADDRINUSE
+        if not port:
+            raise
+        logger.warning("rendezvous port %d is busy (%s); using one the OS picks", port, str(e).splitlines()[0][:200])
+        store = TCPStore("0.0.0.0", 0, world, True, timeout=timeout, wait_for_workers=False)
+    STATE["store"] = store
+    return store.port
+
+
 def host_address() -> str:
     """An address of this host that other engines can reach (loopback on a single machine)."""
     name = socket.gethostname()
@@ -32,9 +69,9 @@ def host_address() -> str:
         return "127.0.0.1"
 
 
-def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, tp: int,
-          timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> dict:
-    """Join the process group (nccl on cuda, gloo on cpu) and set up megatron parallel_state (EP = world/tp)."""
+def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> float:
+    """Environment and the slow imports (torch, megatron-core), before the rendezvous: engines finish them at
+    different times, and the process-group timeout should not have to cover that. Returns seconds taken."""
     t0 = time.perf_counter()
     for p in reversed(extra_path):
         if p not in sys.path:
@@ -47,6 +84,19 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         if deterministic:
             os.environ["NCCL_ALGO"] = "Ring"
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch.distributed  # noqa: F401
+    from megatron.core import parallel_state  # noqa: F401
+
+    from . import compat  # noqa: F401
+
+    return time.perf_counter() - t0
+
+
+def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, tp: int,
+          timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> dict:
+    """Join the process group (nccl on cuda, gloo on cpu) and set up megatron parallel_state (EP = world/tp)."""
+    t0 = time.perf_counter()
+    prepare(device=device, extra_path=extra_path, env=env, deterministic=deterministic)
     import torch
     import torch.distributed as tdist
 
@@ -68,8 +118,10 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         backend = "gloo"
         local_rank = rank
     timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs = dict(backend=backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                  world_size=world, timeout=timeout)
+    store = STATE.pop("store", None) if rank == 0 else None
+    if store is None or store.port != master_port:  # rank 0 normally holds the store from open_store()
+        store = tdist.TCPStore(master_addr, master_port, world, rank == 0, timeout=timeout, wait_for_workers=False)
+    kwargs = dict(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
     if device == "cuda":
         kwargs["device_id"] = dev  # eager NCCL init: a bad GPU fails here, not in the first collective
     tdist.init_process_group(**kwargs)
@@ -163,5 +215,8 @@ def teardown() -> bool:
 
     if tdist.is_initialized():
         tdist.destroy_process_group()
+    fh = STATE.get("stack_fh")
     STATE.clear()
+    if fh is not None:  # the stack dump handler stays: the engine is about to stop or be set up again
+        STATE["stack_fh"] = fh
     return True

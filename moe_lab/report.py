@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import html
 import json
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,8 +92,60 @@ def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
     return out
 
 
-def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float) -> dict:
+def mark_failure(nb_path: Path, message: str) -> bool:
+    """Make a failure visible in the executed notebook: a banner on top saying why it stopped and, where the failure
+    left no error output (dead kernel, timeout, SIGTERM), one on the cell that was running. False if already done."""
     import nbformat
+
+    nb = nbformat.read(nb_path, as_version=4)
+    if any("moe_lab-failure" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
+        return False
+    started = [c for c in nb.cells
+               if c.cell_type == "code" and c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    ename, _, evalue = message.partition(": ")
+    if started and not _error(nb):
+        cell = started[-1]
+        cell.setdefault("outputs", []).append(nbformat.v4.new_output(
+            "error", ename=ename or "Error", evalue=evalue or message, traceback=[message]))
+        cell.metadata.papermill["status"] = "failed"
+    where = f"cell In [{started[-1].get('execution_count') or len(started)}]" if started else "kernel start"
+    banner = nbformat.v4.new_markdown_cell(
+        f'<span style="color:red; font-family:Helvetica Neue, Helvetica, Arial, sans-serif; font-size:2em;">'
+        f"Execution stopped at {where}: {html.escape(message)}</span>", metadata={"tags": ["moe_lab-failure"]})
+    nb.cells.insert(0, banner)
+    nbformat.write(nb, nb_path)
+    return True
+
+
+def _row(num: str, src: Path, status: str, error: str, seconds: float) -> dict:
+    return {"notebook": num, "file": src.name, "status": status, "error": error, "seconds": round(seconds, 1),
+            "title": "", "verdict": ""}
+
+
+def _finish_row(row: dict, dst: Path) -> dict:
+    """Title, verdict, error and HTML of an executed (or partly executed) notebook into its index row."""
+    import nbformat
+
+    if not dst.exists():
+        return row
+    if row["status"] != "ok":
+        try:
+            mark_failure(dst, row["error"] or row["status"])
+        except Exception as e:  # noqa: BLE001 - keep the run's other results
+            logger.error("marking the failure in %s failed: %s", dst.name, e)
+    nb = nbformat.read(dst, as_version=4)
+    row["title"], row["verdict"] = _title(nb), _verdict(nb)
+    row["error"] = row["error"] or (_error(nb) if row["status"] != "ok" else "")
+    try:
+        row["html"] = render_html(dst).name
+        row["shared_html"] = render_html(dst, exclude_input=True).name
+    except Exception as e:  # noqa: BLE001 - report it in the index rather than lose the run
+        row["error"] += f" (HTML rendering failed: {e})"
+        logger.error("rendering %s failed: %s", dst.name, e)
+    return row
+
+
+def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float) -> dict:
     import papermill as pm
 
     dst = out_dir / src.name
@@ -100,23 +155,14 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
         pm.execute_notebook(str(src), str(dst), parameters=dict(profile=profile, params=params, out_dir=str(out_dir)),
                             cwd=str(src.parent), kernel_name="python3", progress_bar=sys.stderr.isatty(),
                             execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True)
+    except KeyboardInterrupt:
+        raise
     except Exception as e:  # noqa: BLE001 - a failing notebook still gets its HTML and an index row
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        if type(e).__name__ == "DeadKernelError":
+            error = "DeadKernelError: the kernel died (killed, out of memory, or a crash in native code)"
         logger.error("notebook %s failed: %s", src.name, error)
-    elapsed = time.perf_counter() - t0
-    row = {"notebook": num, "file": src.name, "status": status, "error": error, "seconds": round(elapsed, 1),
-           "title": "", "verdict": ""}
-    if dst.exists():
-        nb = nbformat.read(dst, as_version=4)
-        row["title"], row["verdict"] = _title(nb), _verdict(nb)
-        row["error"] = row["error"] or (_error(nb) if status != "ok" else "")
-        try:
-            row["html"] = render_html(dst).name
-            row["shared_html"] = render_html(dst, exclude_input=True).name
-        except Exception as e:  # noqa: BLE001 - report it in the index rather than lose the run
-            row["error"] += f" (HTML rendering failed: {e})"
-            logger.error("rendering %s failed: %s", dst.name, e)
-    return row
+    return _finish_row(_row(num, src, status, error, time.perf_counter() - t0), dst)
 
 
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
@@ -126,8 +172,10 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
         links = " · ".join(f'<a href="{html.escape(r[k])}">{label}</a>' for k, label in
                            (("html", "full"), ("shared_html", "shared")) if r.get(k))
         verdict = html.escape(r["verdict"] or r["error"] or "").replace("\n", "<br>")
+        state = "✔ ok" if ok else {"interrupted": "✘ INTERRUPTED",
+                                   "not run": "– not run"}.get(r["status"], "✘ FAILED")
         trs.append(f"<tr class='{'ok' if ok else 'fail'}'><td>{r['notebook']}</td><td>{html.escape(r['title'])}</td>"
-                   f"<td>{'✔ ok' if ok else '✘ FAILED'}</td><td>{verdict}</td><td>{r['seconds']:.0f} s</td><td>{links}</td></tr>")
+                   f"<td>{state}</td><td>{verdict}</td><td>{r['seconds']:.0f} s</td><td>{links}</td></tr>")
     meta_html = "".join(f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(v))}</li>" for k, v in meta.items())
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>moe_lab report</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
@@ -146,8 +194,9 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first."""
     profile = profile or default_profile()
     params = profiles.load(profile, overrides)  # raises ValueError before anything starts
-    if params["device"] == "cuda":
-        profiles.cluster_config(params)  # GPU count vs engines
+    # Also before any kernel or engine: GPU count vs engines, timeouts, the megatron release, experts vs EP.
+    ccfg = profiles.cluster_config(params)
+    profiles.base_moe(params).resolved_ep(ccfg.engines)
     chosen = select(only, nb_dir)
     name = Path(profile).stem if profile not in profiles.PROFILES else profile
     out_dir = Path(out) if out else REPORTS / f"{name}-{datetime.date.today().isoformat()}"
@@ -155,20 +204,104 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
     rows = []
+    meta = _meta(profile, params)
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
     it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
-    for num, src in it:
-        if tqdm:
-            it.set_postfix_str(src.name)
-        logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
-        rows.append(run_one(num, src, out_dir, overrides or {}, profile, timeout or 1800))
-        write_index(out_dir, rows, _meta(profile, params))
+    current, t0 = None, time.perf_counter()
+    before = _children()
+    with _signals_as_interrupt():
+        try:
+            for num, src in it:
+                if tqdm:
+                    it.set_postfix_str(src.name)
+                logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
+                current, t0 = (num, src), time.perf_counter()
+                rows.append(run_one(num, src, out_dir, overrides or {}, profile, timeout or 1800))
+                current = None
+                write_index(out_dir, rows, meta)
+        except KeyboardInterrupt as e:
+            # Ctrl-C or SIGTERM: end the kernels and their engines, then keep what was run (#7).
+            why = str(e) or "Ctrl-C"
+            ended = stop_children(exclude=before)
+            logger.error("interrupted (%s): stopped %d kernel/engine process(es)", why, len(ended))
+            if current is not None:
+                num, src = current
+                rows.append(_finish_row(_row(num, src, "interrupted", f"KeyboardInterrupt: interrupted ({why})",
+                                             time.perf_counter() - t0), out_dir / src.name))
+            done = {r["notebook"] for r in rows}
+            rows += [_row(n, s, "not run", "not run: the run was interrupted", 0.0) for n, s in chosen if n not in done]
+            write_index(out_dir, rows, meta)
+            raise
     failed = [r["file"] for r in rows if r["status"] != "ok"]
     logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the runner, so they clean up exactly as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def stop_children(grace_s: float = 15.0, exclude: set[int] = frozenset()) -> list[int]:
+    """End every process this runner started: each kernel first gets Ctrl-C, so a cell inside
+    `with Cluster(...)` stops its own engines; then SIGTERM and, last, SIGKILL for whatever is left.
+    A kernel that dies with a cluster still open leaves it to that cluster's watchdog (cluster._reap)."""
+    import psutil
+
+    me = psutil.Process()
+
+    def alive(p) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    kernels = [p for p in me.children() if p.pid not in exclude]
+    seen = {p.pid: p for p in me.children(recursive=True) if p.pid not in exclude}
+    for k in kernels:
+        with contextlib.suppress(psutil.Error):
+            k.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:  # until the kernels have nothing running under them
+        for p in me.children(recursive=True):
+            if p.pid not in exclude:
+                seen.setdefault(p.pid, p)
+        if not any(alive(p) for p in seen.values() if p not in kernels):
+            break
+        time.sleep(0.2)
+    for k in kernels:
+        with contextlib.suppress(psutil.Error):
+            k.terminate()
+    psutil.wait_procs(kernels, timeout=5)
+    rest = [p for p in seen.values() if alive(p)]
+    _, rest = psutil.wait_procs(rest, timeout=8)  # the watchdogs end clusters whose kernel died
+    for p in rest:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(rest, timeout=3)
+    return sorted(seen)
 
 
 def _meta(profile: str, params: dict) -> dict:

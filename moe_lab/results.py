@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Callable, Iterable
+
+logger = logging.getLogger(__name__)
+
+# The fields that say which measurement a record is: a rerun that finds a record with the same values skips the case.
+# Environment fields are part of it: the same config on another release, world size or GPU is another measurement.
+KEY_FIELDS = ("notebook", "config", "cut", "remedy", "world", "device", "gpu", "megatron_core")
 
 
 class ResultsFileError(RuntimeError):
@@ -20,30 +29,90 @@ def load(path: str | os.PathLike) -> list[dict]:
         data = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise ResultsFileError(f"{p} is not valid JSON ({e}); move it aside or delete it, it was not overwritten") from None
+    except UnicodeDecodeError as e:
+        raise ResultsFileError(f"{p} is not UTF-8 text ({e}); move it aside or delete it, "
+                               "it was not overwritten") from None
     if not isinstance(data, list):
-        raise ResultsFileError(f"{p} must hold a JSON list of records, found {type(data).__name__}; it was not overwritten")
+        raise ResultsFileError(f"{p} must hold a JSON list of records, found {type(data).__name__}; "
+                               "it was not overwritten")
+    bad = [i for i, r in enumerate(data) if not isinstance(r, dict)]
+    if bad:
+        raise ResultsFileError(f"{p}: entries {bad[:5]} are not records (JSON objects); it was not overwritten")
     return data
 
 
 def append(path: str | os.PathLike, records: list[dict], **common) -> list[dict]:
-    """Add `records` (each updated with `common`, e.g. notebook='01') to the list in `path`, atomically."""
+    """Add `records` (each updated with `common`, e.g. notebook='01') to the list in `path`, atomically.
+
+    The new list goes to a temporary file in the same directory, is flushed to disk, then renamed over `path`: a
+    crash at any point leaves either the old or the new file, never a partial one. Appends from several processes
+    are serialised by a lock on the directory, so none is lost.
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    existing = load(p)
     new = [{**common, **r} for r in records]
-    data = existing + new
-    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=_default)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with _locked(p.parent):
+        data = load(p) + new  # raises ResultsFileError on a bad file: nothing is written then
+        fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, default=_default)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     return new
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: renames are still atomic, concurrent appends may race
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def case_key(record: dict) -> str:
+    """The identity of a measurement: its `KEY_FIELDS` (missing ones count as None) as canonical JSON."""
+    return json.dumps({k: record.get(k) for k in KEY_FIELDS}, sort_keys=True, default=_default)
+
+
+def done_keys(path: str | os.PathLike, key: Callable[[dict], str] = case_key) -> set[str]:
+    """Keys of the cases already in `path` (none if it does not exist; ResultsFileError if it is unreadable)."""
+    return {key(r) for r in load(path)}
+
+
+def resume(path: str | os.PathLike, cases: Iterable[Any], run: Callable[[Any], dict],
+           *, key: Callable[[Any], dict], **common) -> list[dict]:
+    """A sweep that survives crashes and reruns: `run(case)` for each case not yet measured in `path`, each record
+    appended the moment it is finished; cases measured before are read back instead of run again.
+
+    key(case) gives the identifying fields of the record that case would produce (see KEY_FIELDS, e.g.
+    `{**cluster.summary(), "config": cfg.asdict(), "cut": cut}`); `common` is added to every new record and to the
+    key (e.g. notebook="01"). Returns one record per case, in the order of `cases`.
+    """
+    done: dict[str, dict] = {}
+    for r in load(path):
+        done[case_key(r)] = r  # a case measured twice: the latest record wins
+    out = []
+    for case in cases:
+        k = case_key({**key(case), **common})
+        if k in done:
+            logger.info("already measured, skipped: %s", k)
+            out.append(done[k])
+            continue
+        out.extend(append(path, [run(case)], **common))
+    return out
 
 
 def _default(o):

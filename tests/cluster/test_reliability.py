@@ -1,0 +1,404 @@
+"""Reliability (#7): dead engines, hung collectives, interrupts, two clusters at once, dying kernels, bad input.
+
+Faults are injected with moe_lab.faults on a 2-engine cluster with timeout_s=10 of its own (never the shared
+`cpu_cluster`). Each test prints `TIME <fault>: <seconds>`; the README's Reliability table quotes them.
+"""
+
+import _thread
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from moe_lab import cli, faults, report
+from moe_lab.cluster import Cluster, ClusterError, cluster_processes
+from moe_lab.config import ClusterConfig
+
+TIMEOUT_S = 10  # the fault cluster's process-group and call timeout
+
+
+@pytest.fixture(scope="module")
+def fault_cluster():
+    c = Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=TIMEOUT_S))
+    yield c
+    c.stop()
+
+
+def _up(c: Cluster) -> Cluster:
+    if c.client is None:
+        c.start()
+    return c
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _assert_nothing_left(profile_dir: str, pids=(), within_s: float = 10.0) -> None:
+    """No process of the cluster (controller, engines, nannies, watchdog) and no profile dir remain."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        left = cluster_processes(profile_dir) + [p for p in pids if _alive(p)]
+        if not left and not os.path.exists(profile_dir):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"left behind: {cluster_processes(profile_dir)}, pids {[p for p in pids if _alive(p)]}, "
+                         f"profile exists: {os.path.exists(profile_dir)}")
+
+
+def _fail(c: Cluster, fn, *args, **kw) -> tuple[ClusterError, float]:
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError) as e:
+        c.run(fn, *args, **kw)
+    return e.value, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------------------- 4. isolation
+@pytest.mark.cluster
+def test_a_busy_rendezvous_port_is_skipped(fault_cluster):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        fault_cluster.stop()
+        fault_cluster.port = port  # ask for the busy port: the store falls back to one the OS picks
+        try:
+            _up(fault_cluster)
+        finally:
+            fault_cluster.port = 0
+        assert fault_cluster.rendezvous[1] != port
+        assert all(h["ok"] for h in fault_cluster.health_check())
+
+
+@pytest.mark.cluster
+def test_two_clusters_at_once_and_one_owner_killed(fault_cluster, tmp_path):
+    """Another cluster in another process (another notebook, another user): own profile, own port; when its owner
+    is SIGKILLed, its watchdog ends its engines and controller, and this cluster does not notice."""
+    a = _up(fault_cluster)
+    script = textwrap.dedent("""
+        import json, sys, time
+        from moe_lab.cluster import Cluster
+        from moe_lab.config import ClusterConfig
+        c = Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=30)).start()
+        ok = all(h["ok"] for h in c.health_check())
+        print(json.dumps({"profile_dir": c.profile_dir, "port": c.rendezvous[1], "ok": ok,
+                          "pids": [i["pid"] for i in c.info]}), flush=True)
+        while True:
+            c.health_check()
+            time.sleep(0.2)
+    """)
+    b = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = b.stdout.readline()
+        assert line, "the second cluster did not start"
+        info = json.loads(line)
+        assert info["ok"]
+        assert info["profile_dir"] != a.profile_dir and info["port"] != a.rendezvous[1]
+        assert not set(info["pids"]) & {i["pid"] for i in a.info}
+        for _ in range(5):  # both clusters run collectives at the same time
+            assert all(h["ok"] for h in a.health_check())
+        t0 = time.monotonic()
+        b.kill()
+        b.wait(timeout=10)
+        _assert_nothing_left(info["profile_dir"], info["pids"], within_s=15)
+        print(f"TIME owner SIGKILLed → its engines and controller gone: {time.monotonic() - t0:.1f} s")
+        assert all(h["ok"] for h in a.health_check())
+    finally:
+        if b.poll() is None:
+            b.kill()
+            b.wait()
+
+
+# ---------------------------------------------------------------------------------------------- 2. hung collective
+@pytest.mark.cluster
+def test_a_stuck_rank_is_named_with_where_each_rank_is(fault_cluster):
+    """Rank 1 never reaches the all-reduce (stuck in Python); the call times out and names it and the collective."""
+    c = _up(fault_cluster)
+    profile = c.profile_dir
+    e, dt = _fail(c, faults.sleep_on, 1, 60, timeout=5)
+    print(f"TIME stuck rank, call timeout 5 s: {dt:.1f} s — {e}")
+    assert e.kind == "collective" and e.ranks == [1] and e.stopped
+    msg = str(e)
+    assert "sleep_on: rank(s) [0, 1] did not answer within 5 s" in msg
+    assert "rank 0 is waiting in all_reduce (_all_reduce at faults.py" in msg
+    assert "rank 1 is in sleep_on at faults.py" in msg
+    assert "hung collective all_reduce: rank(s) [1] did not join it" in msg
+    assert dt < 5 + 5
+    _assert_nothing_left(profile)
+
+
+@pytest.mark.cluster
+def test_a_rank_that_skips_a_collective_is_named(fault_cluster):
+    """Rank 1 returns without calling the all-reduce; rank 0's gloo timeout (timeout_s) ends the call."""
+    c = _up(fault_cluster)
+    profile = c.profile_dir
+    e, dt = _fail(c, faults.skip_collective_on, 1)
+    print(f"TIME skipped collective, timeout_s={TIMEOUT_S}: {dt:.1f} s — {e}")
+    assert e.kind == "collective" and e.ranks == [1] and e.stopped
+    msg = str(e)
+    assert "collective all_reduce in _all_reduce at faults.py" in msg and "failed on rank(s) [0]" in msg
+    assert "rank(s) [1] did not join it (rank 1 returned without calling it)" in msg
+    assert TIMEOUT_S - 1 < dt < TIMEOUT_S + 8
+    _assert_nothing_left(profile)
+
+
+@pytest.mark.cluster
+def test_an_exception_on_one_rank_while_the_others_wait_for_it(fault_cluster):
+    """A plain exception on rank 1 is reported at once; rank 0 waits for it in an all-reduce that can only time
+    out, so the cluster is stopped rather than left to fail the next call."""
+    c = _up(fault_cluster)
+    profile = c.profile_dir
+    e, dt = _fail(c, faults.raise_on, 1)
+    print(f"TIME exception on rank 1, rank 0 in all_reduce: {dt:.1f} s — {e}")
+    assert e.kind == "failed" and e.ranks == [1] and e.stopped
+    assert "rank 1 (engine 1) failed in raise_on: RuntimeError: injected failure on rank 1" in str(e)
+    assert "rank(s) [0] are waiting in all_reduce (_all_reduce at faults.py" in str(e)
+    assert dt < 5
+    _assert_nothing_left(profile)
+
+
+# ---------------------------------------------------------------------------------------------- 1. engine death
+@pytest.mark.cluster
+@pytest.mark.parametrize("fault, args, dead, how", [
+    # the others sleep: only the liveness check can notice
+    (faults.kill_on, (1,), 1, "killed by SIGKILL"),
+    # the others wait in an all-reduce and see "connection closed": the death is reported, not the collective
+    (faults.exit_on, (0, 3), 0, "exit code 3"),
+], ids=["sigkill-while-others-compute", "exit-while-others-in-collective"])
+def test_a_dead_engine_is_named_the_rest_stopped_and_the_cluster_restarts(fault_cluster, fault, args, dead, how):
+    c = _up(fault_cluster)
+    profile, pids = c.profile_dir, [i["pid"] for i in c.info]
+    kw = dict(after_s=1.0, others_s=60) if fault is faults.kill_on else dict(after_s=1.0)
+    e, dt = _fail(c, fault, *args, **kw, what="MoE case allgather/none")
+    print(f"TIME {fault.__name__} rank {dead} (+1 s): {dt:.1f} s — {e}")
+    assert e.kind == "died" and e.ranks == [dead] and e.stopped
+    assert f"rank {dead} (engine {dead}, pid {pids[dead]}) died during MoE case allgather/none ({how})" in str(e)
+    assert dt < 1 + 10  # issue #7: noticed within 30 s
+    assert c.client is None
+    _assert_nothing_left(profile, pids)
+    t0 = time.monotonic()
+    c.start()  # same object, same process
+    assert all(h["ok"] for h in c.health_check())
+    print(f"TIME restart after death: {time.monotonic() - t0:.1f} s")
+
+
+# ---------------------------------------------------------------------------------------------- 3. interrupts
+@pytest.mark.cluster
+def test_ctrl_c_during_a_call_stops_the_engines(fault_cluster):
+    c = _up(fault_cluster)
+    profile, pids = c.profile_dir, [i["pid"] for i in c.info]
+    timer = threading.Timer(1.0, _thread.interrupt_main)  # what Ctrl-C does to a notebook cell
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        c.run(faults.sleep_on, 0, 60, collective=False, timeout=120)
+    dt = time.monotonic() - t0 - 1.0
+    print(f"TIME Ctrl-C → engines stopped: {dt:.1f} s")
+    assert dt < 5 and c.client is None
+    _assert_nothing_left(profile, pids, within_s=3)
+
+
+@pytest.mark.cluster
+def test_sigterm_to_moe_lab_run_stops_kernel_and_engines(tmp_path):
+    """`moe-lab run` gets SIGTERM while a notebook's cluster computes: runner, kernel, controller and engines all
+    end, the index marks the notebook interrupted and the next one not run, exit code 130."""
+    nbs = _notebooks(tmp_path / "nbs", {
+        "01": """
+            import json, os
+            from moe_lab import faults
+            from moe_lab.cluster import Cluster
+            from moe_lab.config import ClusterConfig
+            with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=60)) as c:
+                info = {"profile_dir": c.profile_dir, "pids": [i["pid"] for i in c.info]}
+                with open(os.path.join(out_dir, "ready.tmp"), "w") as f:
+                    json.dump(info, f)
+                os.replace(os.path.join(out_dir, "ready.tmp"), os.path.join(out_dir, "ready.json"))
+                c.run(faults.sleep_on, 0, 300, collective=False, timeout=600)
+        """,
+        "02": "print('must not run')",
+    })
+    out = tmp_path / "out"
+    code = ("import sys; from pathlib import Path; from moe_lab import cli, report; "
+            "report.run_all.__kwdefaults__['nb_dir'] = Path(sys.argv[1]); "
+            "sys.exit(cli.main(['run', '--profile', 'cpu', '--out', sys.argv[2]]))")
+    runner = subprocess.Popen([sys.executable, "-c", code, str(nbs), str(out)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "ready.json").exists():
+            assert runner.poll() is None, runner.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the notebook's cluster did not start"
+            time.sleep(0.5)
+        info = json.loads((out / "ready.json").read_text())
+        tree = psutil.Process(runner.pid).children(recursive=True)
+        assert len(tree) >= 4  # kernel, controller, 2 engines (+ nannies, schedulers, watchdog)
+        t0 = time.monotonic()
+        runner.send_signal(signal.SIGTERM)
+        rc = runner.wait(timeout=60)
+        dt = time.monotonic() - t0
+        err = runner.stderr.read()
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+    print(f"TIME SIGTERM to moe-lab run → runner exited: {dt:.1f} s")
+    assert rc == 130, err[-3000:]
+    assert "interrupted" in err
+    assert dt < 30
+    _assert_nothing_left(info["profile_dir"], info["pids"] + [p.pid for p in tree], within_s=5)
+    rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
+    assert rows["01"]["status"] == "interrupted" and "SIGTERM" in rows["01"]["error"]
+    assert "SIGTERM" in (out / rows["01"]["html"]).read_text()
+    assert rows["02"]["status"] == "not run"
+
+
+# ---------------------------------------------------------------------------------------------- 6. notebooks
+def _notebooks(nb_dir: Path, sources: dict[str, str]) -> Path:
+    import nbformat
+
+    nb_dir.mkdir(parents=True)
+    for num, src in sources.items():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_markdown_cell(f"# nb {num}"),
+                    nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'",
+                                              metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell(textwrap.dedent(src).strip(), metadata={"tags": ["verdict"]})]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, nb_dir / f"{num}_t.ipynb")
+    return nb_dir
+
+
+@pytest.mark.notebook
+def test_a_dying_kernel_gets_html_an_index_row_and_the_rest_runs(tmp_path):
+    nbs = _notebooks(tmp_path / "nbs", {
+        "01": "print('before')\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+        "02": "print('second ran')",
+    })
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    rc = report.run_all(profile="cpu", out=str(out), nb_dir=nbs)
+    print(f"TIME dying kernel → both notebooks done: {time.monotonic() - t0:.1f} s")
+    assert rc == 1
+    rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
+    assert rows["01"]["status"] == "failed" and "DeadKernelError" in rows["01"]["error"]
+    page = (out / rows["01"]["html"]).read_text()
+    assert "DeadKernelError" in page and "Execution stopped at cell" in page
+    assert rows["02"]["status"] == "ok" and rows["02"]["verdict"] == "second ran"
+    assert "FAILED" in (out / "index.html").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- 7. bad input
+def _cli_error(capsys, *argv) -> str:
+    rc = cli.main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    lines = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _profile(tmp_path, change) -> Path:
+    """A profile file: the cpu profile with `change` applied (a dict), or raw text."""
+    from importlib import resources
+
+    prof = tmp_path / "my.json"
+    if isinstance(change, str):
+        prof.write_text(change)
+    else:
+        base = json.loads(resources.files("moe_lab").joinpath("profiles/cpu.json").read_text())
+        prof.write_text(json.dumps(change if not isinstance(change, dict) else {**base, **change}))
+    return prof
+
+
+@pytest.mark.parametrize("change, message", [
+    ('{"device": "cpu", "hidden": 256,', "is not valid JSON"),
+    ({"hiden": 256}, "unknown key(s) ['hiden']; allowed: "),
+    ({"hidden": "256"}, "hidden ('256') must be a positive integer"),
+    ({"dispatchers": ["flex"]}, "dispatchers (['flex']) must be a non-empty list of allgather, alltoall"),
+    ({"device": "tpu"}, "device ('tpu') must be 'cpu' or 'cuda'"),
+    ({"cut": 500}, "cut (500) must be an integer in 1..seq_len-1 (127)"),
+    ({"engines": 3}, "num_experts (8) must be divisible by ep (3)"),
+    ({"engines": True}, "engines (True) must be a positive integer"),
+], ids=["json", "unknown-key", "wrong-type", "bad-choice", "device", "cut", "experts-vs-ep", "bool-for-int"])
+def test_bad_profile_files_are_one_line_before_anything_starts(tmp_path, capsys, change, message):
+    prof = _profile(tmp_path, change)
+    line = _cli_error(capsys, "run", "--profile", str(prof), "--out", str(tmp_path / "out"))
+    assert message in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ([1, 2], "must hold a JSON object"),
+    ({"dispatchers": 5}, "dispatchers (5) must be a non-empty list"),
+    ({"timeout_s": "soon"}, "timeout_s ('soon') must be"),
+], ids=["not-an-object", "not-a-list", "timeout-type"])
+@pytest.mark.xfail(reason="profiles.py (not owned here) does not check these yet: see the #7 hand-over notes",
+                   strict=False)
+def test_bad_profile_types_not_yet_checked(tmp_path, capsys, change, message):
+    prof = _profile(tmp_path, change)
+    assert message in _cli_error(capsys, "run", "--profile", str(prof), "--out", str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("param, message", [
+    ("seq_len=abc", "seq_len ('abc') must be a positive integer"),
+    ("seq_len=-4", "seq_len (-4) must be a positive integer"),
+    ("nope=1", "unknown key(s) ['nope']"),
+    ("router_dtypes=bf16", "router_dtypes (['bf16']) must be a non-empty list of none, fp32, fp64"),
+    ("megatron=0.99.0", "megatron-core 0.99.0 is not installed"),
+    ("megatron=banana", "X.Y.Z"),
+])
+def test_bad_p_values_are_one_line_before_anything_starts(tmp_path, capsys, param, message):
+    line = _cli_error(capsys, "run", "--profile", "cpu", "-p", param, "--out", str(tmp_path / "out"))
+    assert message in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_p_without_equals_and_bad_release_numbers_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["run", "-p", "seq_len"])
+    assert e.value.code == 2 and "expected key=value" in capsys.readouterr().err
+    assert "X.Y.Z" in _cli_error(capsys, "versions", "install", "not-a-version")
+
+
+# ---------------------------------------------------------------------------------------------- the parsers behind it
+def test_stack_dumps_and_remote_tracebacks_name_the_collective():
+    from moe_lab.cluster import _collective_of, _dump_frames, _innermost, _remote_frames
+
+    main = 0x7F7E63602B80
+    dump = textwrap.dedent(f"""\
+        Thread 0x00007f7e5d3826c0 (most recent call first):
+          File "/venv/zmq/devices/basedevice.py", line 248 in run
+
+        Current thread 0x{main:016x} (most recent call first):
+          File "/venv/torch/distributed/distributed_c10d.py", line 3252 in all_gather
+          File "/venv/torch/distributed/c10d_logger.py", line 83 in wrapper
+          File "/venv/torch/distributed/distributed_c10d.py", line 3300 in all_gather_object
+          File "/venv/torch/distributed/c10d_logger.py", line 83 in wrapper
+          File "/work/moe_lab/measure.py", line 112 in cross_rank
+          File "<string>", line 1 in <module>
+          File "/venv/ipyparallel/engine/kernel.py", line 157 in do_apply
+        """)
+    frames = _dump_frames(dump, main)
+    assert frames[0][2] == "do_apply" and frames[-1][2] == "all_gather"  # outermost first
+    assert _collective_of(frames) == ("all_gather_object", "cross_rank at measure.py:112")
+    assert _dump_frames(dump, 0x1234) is None  # no block for that thread (yet)
+    assert _innermost(frames[:3]) == "cross_rank at measure.py:112"
+
+    class Remote(Exception):  # what ipyparallel's RemoteError carries: IPython's coloured traceback
+        traceback = ("\x1b[36mFile \x1b[39m\x1b[32m/work/moe_lab/faults.py:17\x1b[39m, in "
+                     "\x1b[36m_all_reduce\x1b[39m()\n"
+                     "\x1b[36mFile \x1b[39m\x1b[32m/venv/torch/distributed/distributed_c10d.py:3252\x1b[39m, in "
+                     "\x1b[36mall_reduce\x1b[39m(tensor, op)\n")
+    assert _collective_of(_remote_frames(Remote())) == ("all_reduce", "_all_reduce at faults.py:17")
