@@ -34,6 +34,11 @@ def parse_version(v: str) -> tuple[int, int, int]:
     return tuple(int(x) for x in m.groups())  # type: ignore[return-value]
 
 
+def normalize_version(v: str) -> str:
+    """'0.12.3' for '0.12.3' / ' 0.12.3 ' (checked): the form engines report in results."""
+    return ".".join(map(str, parse_version(v)))
+
+
 def installed_version() -> str:
     """The megatron-core release that `import megatron.core` loads here (sys.path order respected)."""
     try:

@@ -96,8 +96,10 @@ def localise_probs_path(cluster: Cluster, params: dict) -> dict[str, list[dict]]
         out["stages"] += [dict(common, record="stage", **r) for r in rows]
         out["ledger"] += [dict(common, record="collective", **c) for c in per_rank[0]["ledger"]]
         final = [r for r in rows if r["stage"] == "moe.out"]
+        first = localise.first_divergent(rows)
         out["cases"].append(dict(
-            common, record="case", first_divergent_stage=localise.first_divergent(rows),
+            common, record="case", first_divergent_stage=first,
+            first_divergent_kind=next((r["kind"] for r in rows if r["stage"] == first), None),
             first_divergent_by_pair=localise.first_divergent_by_pair(rows, cluster.world),
             out_mismatch_frac=max((r["mismatch_frac"] for r in final), default=None),
             out_max_ulp=max((r["max_ulp"] for r in final), default=None),
@@ -124,10 +126,17 @@ def verdict_02(cases: list[dict]) -> str:
                      f"({c['combine_op']}) runs in {c['combine_dtype']}; {what}")
     firsts = {c["first_divergent_stage"] for c in cases} - {None}
     gather_first = [s for s in firsts if s.startswith("dispatch.comm")]
+    within = sorted({c["first_divergent_stage"] for c in cases if c.get("first_divergent_kind") in ("copies", "copies/expert")})
+    if within:
+        lines.append(f"Note: at {', '.join(within)} identical copies of the same token already differ *within one rank*: "
+                     "that accumulation is nondeterministic (atomic scatter_add_ in unpermute), which no dtype "
+                     "promotion fixes — deterministic mode does (notebook 03).")
     if firsts and not gather_first:
         lines.append("Verdict: the probs all-gather copies bits (gathered probs are bitwise equal on every rank); "
-                     f"divergence first appears at {', '.join(sorted(firsts))}, i.e. in the reduction/accumulation "
-                     "after it. A remedy works when it changes the dtype of that reduction (see the ledger).")
+                     f"divergence first appears at {', '.join(sorted(firsts))}, in the accumulation after it. Where "
+                     "that accumulation is a bf16 sum in a rank-dependent order (the allgather reduce-scatter), making "
+                     "it run in fp32 removes the divergence (see the ledger); where it is nondeterministic (atomics), "
+                     "only deterministic mode does.")
     elif gather_first:
         lines.append(f"Verdict: divergence already appears at {', '.join(gather_first)} (the dispatch communication).")
     else:

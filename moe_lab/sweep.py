@@ -75,44 +75,48 @@ def run(params: dict, results_path: str | os.PathLike, *, releases=None, repeats
         progress=None) -> list[dict]:
     """The whole sweep: for each release (and on GPUs each deterministic setting) one cluster, every cell on it.
 
-    Returns the records measured now plus those found in `results_path` from an earlier, interrupted run.
+    Cells already in `results_path` (an earlier, interrupted run on the same device, world and release) are taken
+    from there; a cluster is started only for a group with cells left to measure.
     """
     releases = list(releases or params.get("releases") or [INSTALLED])
     repeats = repeats or int(params.get("repeats", 5))
     cells = grid(params)
-    done = {key(r) for r in results.load(results_path) if r.get("notebook") == "03"}
+    earlier = {key(r): r for r in results.load(results_path) if r.get("notebook") == "03"}
+    ccfg0 = profiles.cluster_config(params)
     out = []
     for release in releases:
-        extra = release_path(release, params.get("wheels"))
+        version = compat.installed_version() if release == INSTALLED else compat.normalize_version(release)
         # NCCL_ALGO is read when NCCL starts: on GPUs deterministic cells get a cluster started with Ring.
         groups = ([(False, [c for c in cells if not c.deterministic]), (True, [c for c in cells if c.deterministic])]
                   if params["device"] == "cuda" else [(False, cells)])
         for det_env, group in groups:
-            if not group:
+            env = dict(notebook="03", megatron_core=version, device=ccfg0.device, world=ccfg0.engines)
+            todo = [c for c in group if key(dict(env, **_flags(c))) not in earlier]
+            out += [earlier[key(dict(env, **_flags(c)))] for c in group if c not in todo]
+            logger.info("megatron-core %s: %d cells to run, %d already measured", version, len(todo), len(group) - len(todo))
+            if not todo:
                 continue
-            ccfg = profiles.cluster_config(params).replace(extra_path=extra, deterministic=det_env)
+            ccfg = ccfg0.replace(extra_path=release_path(release, params.get("wheels")), deterministic=det_env)
             with Cluster(ccfg) as cluster:
-                version = cluster.summary()["megatron_core"]
-                todo = []
-                for cfg in group:
-                    probe_key = key(dict(cluster.summary(), notebook="03", **_flags(cfg)))
-                    (out.append(_from_file(results_path, probe_key)) if probe_key in done else todo.append(cfg))
-                logger.info("megatron-core %s: %d cells to run, %d already measured", version, len(todo),
-                            len(group) - len(todo))
-                for cfg in (progress(todo, f"{version}") if progress else todo):
+                if cluster.summary()["megatron_core"] != version:
+                    raise RuntimeError(f"engines imported megatron-core {cluster.summary()['megatron_core']}, "
+                                       f"expected {version}: check `moe-lab versions list`")
+                for cfg in (progress(todo, version) if progress else todo):
                     rec = run_cell(cluster, cfg, cut=params["cut"], repeats=repeats)
                     results.append(results_path, [rec])  # streamed: an interrupted sweep keeps every finished cell
                     out.append(rec)
-    return out
+    order = {_flags_key(c): i for i, c in enumerate(cells)}
+    return sorted(out, key=lambda r: (_vt(r["megatron_core"]), order.get(_flags_key(r), 0)))
+
+
+def _flags_key(c) -> tuple:
+    get = (lambda k: getattr(c, k)) if isinstance(c, MoEConfig) else c.get
+    return tuple(get(k) for k in ("dispatcher", "router_dtype", "probs_fp32_gather", "deterministic"))
 
 
 def _flags(cfg: MoEConfig) -> dict:
     return dict(dispatcher=cfg.dispatcher, router_dtype=cfg.router_dtype, probs_fp32_gather=cfg.probs_fp32_gather,
                 deterministic=cfg.deterministic)
-
-
-def _from_file(path, k) -> dict:
-    return next(r for r in results.load(path) if r.get("notebook") == "03" and key(r) == k)
 
 
 def cost_table(records: list[dict]):
