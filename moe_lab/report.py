@@ -166,6 +166,15 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
 
 
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
+    """index.html + index.json; rows of notebooks not in this run (an earlier `--only` run into the same dir) are kept."""
+    prev = out_dir / "index.json"
+    if prev.exists():
+        try:
+            old = json.loads(prev.read_text()).get("notebooks", [])
+        except (json.JSONDecodeError, AttributeError):
+            old = []
+        now = {r["notebook"] for r in rows}
+        rows = sorted([r for r in old if r.get("notebook") not in now] + list(rows), key=lambda r: r["notebook"])
     trs = []
     for r in rows:
         ok = r["status"] == "ok"
