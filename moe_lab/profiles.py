@@ -28,6 +28,8 @@ def load(name_or_path: str, overrides: dict | None = None) -> dict:
         params = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"{where} must hold a JSON object of parameters, found {type(params).__name__}")
     params = {k: v for k, v in params.items() if not k.startswith("_")}
     params.update(overrides or {})
     check(params, where)
@@ -42,6 +44,8 @@ def check(params: dict, where: str = "parameters") -> None:
         vals = params.get(key, [])
         if isinstance(vals, str):
             vals = params[key] = [v for v in vals.split(",") if v]
+        if not isinstance(vals, list):
+            raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
         bad = [v for v in vals if v not in allowed]
         if bad or not vals:
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
@@ -65,8 +69,12 @@ def check(params: dict, where: str = "parameters") -> None:
         raise ValueError(f"{where}: repeats ({params.get('repeats')!r}) must be a positive integer")
     if params.get("device") not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
-    if not isinstance(params.get("engines", 0), int) or params.get("engines", 0) < 0:
-        raise ValueError(f"{where}: engines ({params.get('engines')!r}) must be 0 (one per GPU) or a positive integer")
+    t = params.get("timeout_s", 120)
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
+        raise ValueError(f"{where}: timeout_s ({t!r}) must be a positive number of seconds")
+    e = params.get("engines", 0)
+    if not isinstance(e, int) or isinstance(e, bool) or e < 0:
+        raise ValueError(f"{where}: engines ({e!r}) must be a positive integer (0 = one per GPU)")
     cut, seq = params.get("cut", 90), params["seq_len"]
     if not isinstance(cut, int) or not 0 < cut < seq:
         raise ValueError(f"{where}: cut ({cut!r}) must be an integer in 1..seq_len-1 ({seq - 1})")

@@ -344,9 +344,7 @@ def test_bad_profile_files_are_one_line_before_anything_starts(tmp_path, capsys,
     ({"dispatchers": 5}, "dispatchers (5) must be a non-empty list"),
     ({"timeout_s": "soon"}, "timeout_s ('soon') must be"),
 ], ids=["not-an-object", "not-a-list", "timeout-type"])
-@pytest.mark.xfail(reason="profiles.py (not owned here) does not check these yet: see the #7 hand-over notes",
-                   strict=False)
-def test_bad_profile_types_not_yet_checked(tmp_path, capsys, change, message):
+def test_bad_profile_types_are_one_line_too(tmp_path, capsys, change, message):
     prof = _profile(tmp_path, change)
     assert message in _cli_error(capsys, "run", "--profile", str(prof), "--out", str(tmp_path / "out"))
 
