@@ -611,8 +611,9 @@ def _effect(sub: list[dict], remedy: str) -> str | None:
     rs = [r for r in sub if r["remedy"] == remedy]
     if not rs:
         return None
-    t_bad = [r["dispatcher"] for r in rs if not r["truncation"]["bitwise_equal"]]
-    r_bad = [r["dispatcher"] for r in rs if not r["rerun"]["bitwise_equal"]]
+    # several tiles per remedy: name each dispatcher once, in order
+    t_bad = list(dict.fromkeys(r["dispatcher"] for r in rs if not r["truncation"]["bitwise_equal"]))
+    r_bad = list(dict.fromkeys(r["dispatcher"] for r in rs if not r["rerun"]["bitwise_equal"]))
     t = "first tokens equal everywhere" if not t_bad else f"first tokens still differ for {', '.join(t_bad)}"
     rr = "rerun equal" if not r_bad else f"rerun differs for {', '.join(r_bad)}"
     return f"{_rem(remedy, rs[0].get('tile'))} → {t}, {rr}"
