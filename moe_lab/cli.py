@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--platform", default="manylinux_2_28_x86_64")
     w.add_argument("--megatron", default="0.16.1", help="comma list of megatron-core releases")
     w.add_argument("--jupyterlab", action="store_true", help="also JupyterLab (interactive nodes)")
+
+    from . import bench
+
+    b = sub.add_parser("bench", help="the warm lab against one fresh spawn per config: ready time, sweep, capture "
+                                     "overhead, bytes compared, peak memory (table + JSON)")
+    bench.add_arguments(b)
     return ap
 
 
@@ -166,13 +172,19 @@ def cmd_wheelhouse(a) -> int:
     return 0
 
 
+def cmd_bench(a) -> int:
+    from . import bench
+
+    return bench.cmd(a)
+
+
 def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
-               "wheelhouse": cmd_wheelhouse}[a.cmd]
+               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench}[a.cmd]
     try:
         return handler(a)
     except ValueError as e:  # bad input: one line, exit 2, nothing launched

@@ -201,7 +201,7 @@ class Cluster:
         if self._profile_dir:
             left = kill_cluster_processes(self._profile_dir, exclude=(self._reaper.pid,) if self._reaper else ())
             if left:
-                logger.warning("killed %d leftover process(es) of the cluster: %s", len(left), left)
+                logger.info("killed %d leftover process(es) of the cluster: %s", len(left), left)
             shutil.rmtree(self._profile_dir, ignore_errors=True)
         if self._reaper is not None:  # nothing left to watch; wait for it so no zombie stays behind
             self._reaper.terminate()
