@@ -702,6 +702,9 @@ def _causes(records: list[dict], cases: list[dict]) -> str:
     if bad_m or tiled_fix:
         ev = ([f"an expert GEMM's rows change with M = {bad_m}"] if bad_m else []) + \
              ([f"bitwise equal again with {', '.join(tiled_fix[:3])}"] if tiled_fix else [])
+        if kern and not bad_m:  # the probe's M values saw no variance: say so rather than contradict it
+            ev.append(f"the kernel probe at M = {[r['M'] for r in kern]} saw none, so the variance is at the layer's "
+                      "own, uneven row counts per expert")
         out.append("the expert GEMMs are batch variant (" + "; ".join(ev) + ")")
     plain = [r for r in real if r["remedy"] == "none"]
     if any(not r["rerun"]["bitwise_equal"] for r in plain):
