@@ -208,7 +208,8 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     profiles.base_moe(params).resolved_ep(ccfg.engines)
     chosen = select(only, nb_dir)
     name = Path(profile).stem if profile not in profiles.PROFILES else profile
-    out_dir = Path(out) if out else REPORTS / f"{name}-{datetime.date.today().isoformat()}"
+    # absolute: the kernels run with cwd=notebooks/, so a relative --out would put results.json elsewhere
+    out_dir = Path(out).resolve() if out else REPORTS / f"{name}-{datetime.date.today().isoformat()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports

@@ -174,3 +174,22 @@ def test_04_truncation_reproduced_explained_and_fixed_under_emulation(cpu_report
         assert not by[(d, "splitk+atomics", "none")]["truncation"]["bitwise_equal"]
         fix = by[(d, "splitk+atomics", "deterministic+tiled_experts")]
         assert fix["truncation"]["bitwise_equal"] and fix["rerun"]["bitwise_equal"]
+
+
+def test_a_relative_out_dir_keeps_results_json_beside_the_html(tmp_path, monkeypatch):
+    import nbformat
+
+    from moe_lab import report
+
+    nb_dir = tmp_path / "nbs"
+    nb_dir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("from pathlib import Path\nfrom moe_lab import results\n"
+                                          "results.append(Path(out_dir) / 'results.json', [{'x': 1}], notebook='01')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, nb_dir / "01_t.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert report.run_all(profile="cpu", out="rel/out", nb_dir=nb_dir) == 0
+    assert (tmp_path / "rel/out/results.json").exists() and (tmp_path / "rel/out/01_t.html").exists()
+    assert not (nb_dir / "rel").exists()
