@@ -326,11 +326,17 @@ class Cluster:
                 proc = getattr(launcher, "process", None)
                 if proc is None or proc.pid != pid:
                     continue
-                try:
-                    code = proc.wait(timeout=0)  # psutil caches the code once ipyparallel's thread has it
-                except Exception:  # noqa: BLE001 - not ours to wait on, or still exiting
-                    return ""
-                return _describe_exit(code) if code is not None else ""
+                # ipyparallel's launcher thread reaps its engines and psutil caches the code; when the check here
+                # races that thread (zombie not yet reaped, or reaped under us), give it a moment, then retry.
+                deadline = time.monotonic() + 2.0
+                while True:
+                    try:
+                        code = proc.wait(timeout=0)
+                    except Exception:  # noqa: BLE001 - still exiting, or being reaped by the launcher thread
+                        code = getattr(proc, "returncode", None)
+                    if code is not None or time.monotonic() > deadline:
+                        return _describe_exit(code) if code is not None else ""
+                    time.sleep(0.05)
         return ""
 
     def _raise_if_dead(self, what: str, errors: dict) -> None:
