@@ -25,6 +25,8 @@ for step in ${STEPS//,/ }; do
       | grep -v "Warning\|warn" | tail -5
   fi
 done
-has bench && python3 -m moe_lab.bench --device cuda --seed-report --json "$OUT/bench_gpu.json" 2>&1 | grep -v "Warn\|warn" | tail -30
-has pytest && python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s 2>&1 | grep -v "Warn\|warn" | tail -15
+has bench && python3 -m moe_lab.bench --device cuda --seed-report --repeats "${BENCH_REPEATS:-3}" \
+  --json "$OUT/bench_gpu.json" 2>&1 | grep -v "Warn\|warn" | tee "$OUT/bench_gpu.txt" | tail -30
+has pytest && python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s 2>&1 | grep -v "Warn\|warn" \
+  | tee "$OUT/pytest_gpu.log" | tail -15
 exit 0

@@ -100,8 +100,6 @@ class Cluster:
     def start(self) -> "Cluster":
         import ipyparallel as ipp
 
-        from . import dist
-
         if self.client is not None:
             return self
         cfg = self.config
@@ -121,41 +119,109 @@ class Cluster:
             logger.info("starting %d %s engines", cfg.engines, cfg.device)
             self._ipp.start_cluster_sync(n=cfg.engines)
             self.client = self._ipp.connect_client_sync()
-            # interactive=False: no progress bar of ipyparallel's own in notebooks and reports
-            self.client.wait_for_engines(cfg.engines, timeout=cfg.start_timeout_s, interactive=False)
-            self.engine_ids = sorted(self.client.ids)[: cfg.engines]
-            self.view = self.client.direct_view(targets=self.engine_ids)
-            self.view.block = True
+            self._attach_engines(previous=set())
             self.timings["engines_s"] = time.perf_counter() - t0
-
-            t1 = time.perf_counter()
-            stacks = Path(self._profile_dir, "stacks")
-            self._procs = self.run(dist.identify, per_rank=lambda r: dict(stack_file=str(stacks / f"rank{r}.txt")),
-                                   what="locating the engines", timeout=cfg.start_timeout_s)
-            env = dict(cfg.env)
-            # The slow imports (torch + megatron-core) first, under the start timeout: engines finish them at
-            # different times, and the rendezvous below must not wait that long under timeout_s.
-            self.run(dist.prepare, device=cfg.device, extra_path=tuple(cfg.extra_path), env=env,
-                     deterministic=cfg.deterministic, what="importing torch and megatron-core",
-                     timeout=cfg.start_timeout_s)
-            # Rendezvous on engine 0's host; engine 0 holds the port from the moment the OS gives it.
-            single_host = len({p["node"] for p in self._procs}) == 1
-            addr = "127.0.0.1" if single_host else self._procs[0]["address"]
-            port = self._call(0, dist.open_store, world=cfg.engines, timeout_s=cfg.timeout_s, port=self.port,
-                              what="opening the rendezvous store")
-            self.rendezvous = (addr, port)
-            self.info = self.run(dist.setup, per_rank=lambda r: dict(
-                rank=r, world=cfg.engines, master_addr=addr, master_port=port, device=cfg.device, tp=cfg.tp,
-                timeout_s=cfg.timeout_s, extra_path=tuple(cfg.extra_path), env=env,
-                deterministic=cfg.deterministic), what="init_process_group + parallel_state")
-            self.timings["process_group_s"] = time.perf_counter() - t1
-            self.health_check()
+            self._bring_up()
             self.timings["ready_s"] = time.perf_counter() - t0
             logger.info("cluster ready in %.1f s: %s", self.timings["ready_s"], self.summary())
         except BaseException:
             self.stop(graceful=False)
             raise
         return self
+
+    def restart_engines(self, **changes) -> "Cluster":
+        """New engines under the same controller and client, with `changes` applied to the config (the fields the
+        engines read at start: extra_path, deterministic, env, timeout_s, tp). The way to switch megatron-core
+        release: a process imports it once, so only the engines go; the controller, its profile and the watchdog
+        stay. Not running yet: plain start() with the new config. Timings: restart_s (+ engines_s, ready_s).
+        """
+        fixed = {k: v for k, v in changes.items() if k in ("engines", "device") and v != getattr(self.config, k)}
+        if fixed and self.client is not None:
+            raise ValueError(f"restart_engines cannot change {sorted(fixed)} (the engine set and its devices): "
+                             "stop() the cluster and start one with the new config")
+        if changes:
+            self.config = self.config.replace(**changes)
+        if self.client is None:
+            return self.start()
+        from . import dist
+
+        t0 = time.perf_counter()
+        old = set(self.engine_ids)
+        try:
+            for ar in [self.client[e].apply_async(dist.teardown) for e in self.engine_ids]:
+                ar.get(timeout=min(10.0, self.config.timeout_s))
+        except Exception as e:  # noqa: BLE001 - the engines are stopped below whatever happened here
+            logger.warning("teardown on engines did not finish cleanly (%s); stopping them anyway", e)
+        try:
+            # Process groups are torn down: end the engines at once (SIGTERM costs seconds per engine with torch
+            # loaded), then let ipyparallel reap them and forget their engine set.
+            for p in (p for p in cluster_processes(self._profile_dir) if _is_engine(p)):
+                try:
+                    p.kill()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            self._ipp.stop_engines_sync()
+            self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
+            logger.info("restarting %d %s engines%s", self.config.engines, self.config.device,
+                        f" with {self.config.extra_path[0]} first on their path" if self.config.extra_path else "")
+            # Killed engines stay registered until the hub's heartbeat drops them: every id known now is old.
+            old |= set(self.client.ids)
+            self._ipp.start_engines_sync(n=self.config.engines)
+            self._attach_engines(previous=old)
+            self.timings["engines_s"] = time.perf_counter() - t0
+            self._bring_up()
+        except BaseException:
+            self.stop(graceful=False)
+            raise
+        self.timings["restart_s"] = self.timings["ready_s"] = time.perf_counter() - t0
+        logger.info("engines restarted in %.1f s: %s", self.timings["restart_s"], self.summary())
+        return self
+
+    def _attach_engines(self, previous: set) -> None:
+        """Wait (start timeout) for `engines` new engines to register, ids not in `previous`; map them to ranks."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.start_timeout_s
+        while True:
+            ids = set(self.client.ids)
+            new = sorted(ids - previous)
+            if len(new) >= cfg.engines:  # old ids may linger until the hub's heartbeat drops them: never targeted
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{len(new)} of {cfg.engines} engines registered within "
+                                   f"{cfg.start_timeout_s:.0f} s; raise start_timeout_s, or see why they fail with "
+                                   "logging.getLogger('moe_lab.ipyparallel').setLevel('DEBUG')", kind="timeout")
+            time.sleep(0.05)
+        self.engine_ids = new[: cfg.engines]
+        self.view = self.client.direct_view(targets=self.engine_ids)
+        self.view.block = True
+
+    def _bring_up(self) -> None:
+        """On fresh engines: locate them, import torch + megatron-core, rendezvous, process group, parallel_state."""
+        from . import dist
+
+        cfg = self.config
+        t1 = time.perf_counter()
+        stacks = Path(self._profile_dir, "stacks")
+        self._procs = self.run(dist.identify, per_rank=lambda r: dict(stack_file=str(stacks / f"rank{r}.txt")),
+                               what="locating the engines", timeout=cfg.start_timeout_s)
+        env = dict(cfg.env)
+        # The slow imports (torch + megatron-core) first, under the start timeout: engines finish them at
+        # different times, and the rendezvous below must not wait that long under timeout_s.
+        self.run(dist.prepare, device=cfg.device, extra_path=tuple(cfg.extra_path), env=env,
+                 deterministic=cfg.deterministic, what="importing torch and megatron-core",
+                 timeout=cfg.start_timeout_s)
+        # Rendezvous on engine 0's host; engine 0 holds the port from the moment the OS gives it.
+        single_host = len({p["node"] for p in self._procs}) == 1
+        addr = "127.0.0.1" if single_host else self._procs[0]["address"]
+        port = self._call(0, dist.open_store, world=cfg.engines, timeout_s=cfg.timeout_s, port=self.port,
+                          what="opening the rendezvous store")
+        self.rendezvous = (addr, port)
+        self.info = self.run(dist.setup, per_rank=lambda r: dict(
+            rank=r, world=cfg.engines, master_addr=addr, master_port=port, device=cfg.device, tp=cfg.tp,
+            timeout_s=cfg.timeout_s, extra_path=tuple(cfg.extra_path), env=env,
+            deterministic=cfg.deterministic), what="init_process_group + parallel_state")
+        self.timings["process_group_s"] = time.perf_counter() - t1
+        self.health_check()
 
     def health_check(self) -> list[dict]:
         from . import dist

@@ -79,31 +79,44 @@ def _n_experts(rts) -> int:
     return max((len(next(iter(r["rows_per_expert"].values()))) for r in rts), default=8)
 
 
-def kernel_variance(records: list[dict], ax=None):
-    """Bits of the first m rows of one expert GEMM that change when the GEMM gets M rows instead of m, per state."""
+def _state(r: dict) -> str:
+    rem = r["remedy"]
+    what = f"tiled T={r['tile']}" if r.get("tile") else "no split-K" if rem == "no_splitk" else "plain GEMM"
+    return f"{_emu(r)} / {what}"
+
+
+def kernel_variance(records: list[dict], axes=None):
+    """Bits of the first m rows of each expert GEMM (fc1, fc2) that change when it gets M rows instead of m, per
+    state (plain, tiled, split-K forbidden; EMULATED ones say so). One panel per linear."""
     ks = _kind(records, "kernel")
-    df = pd.DataFrame([{"M": r["M"], "differing elements": r["kernel"]["n_mismatch"],
-                        "state": f"{_emu(r)} / " + (f"tiled T={r['tile']}" if r.get("tile") else "plain GEMM")}
-                       for r in ks])
-    # Lines that coincide (all zero) are drawn side by side: each state's points shifted by a few % of M.
-    states = list(dict.fromkeys(df.state)) if len(df) else []
-    df["M (rows in the GEMM)"] = [m * 2 ** (0.04 * (states.index(s) - (len(states) - 1) / 2))
-                                  for m, s in zip(df.M, df.state)]
-    ax = ax or plt.subplots(figsize=(7, 3.6))[1]
-    sns.lineplot(df, x="M (rows in the GEMM)", y="differing elements", hue="state", style="state", markers=True,
-                 dashes=False, ax=ax)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(set(df.M)) if len(df) else [])
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax.xaxis.set_minor_locator(plt.NullLocator())
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_ylim(-0.3, max(2.0, float(df["differing elements"].max()) * 2) if len(df) else 2.0)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    m = ks[0]["m"] if ks else "?"
-    numel = ks[0]["kernel"]["numel"] if ks else "?"
-    ax.set_title(f"Expert linear_fc1: first {m} rows inside M rows vs alone ({numel:,} elements compared)", fontsize=10)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    return ax
+    linears = list(dict.fromkeys(r.get("linear", "fc1") for r in ks)) or ["fc1"]
+    if axes is None:
+        axes = plt.subplots(1, len(linears), figsize=(5.2 * len(linears) + 2.2, 3.6), sharey=True,
+                            squeeze=False)[1][0]
+    states = list(dict.fromkeys(_state(r) for r in ks))
+    top = max([r["kernel"]["n_mismatch"] for r in ks] + [1])
+    for ax, lin in zip(axes, linears):
+        sub = [r for r in ks if r.get("linear", "fc1") == lin]
+        df = pd.DataFrame([{"M": r["M"], "differing elements": r["kernel"]["n_mismatch"], "state": _state(r)}
+                           for r in sub])
+        # Lines that coincide (all zero) are drawn side by side: each state's points shifted by a few % of M.
+        df["M (rows in the GEMM)"] = [m * 2 ** (0.04 * (states.index(s) - (len(states) - 1) / 2))
+                                      for m, s in zip(df.M, df.state)]
+        sns.lineplot(df, x="M (rows in the GEMM)", y="differing elements", hue="state", style="state", markers=True,
+                     dashes=False, ax=ax, hue_order=states, style_order=states, legend=ax is axes[-1])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(df.M)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.tick_params(axis="x", labelsize=7, rotation=45)
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(-0.3, max(2.0, top * 2))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        r0 = sub[0]
+        ax.set_title(f"linear_{lin} (K={r0.get('K', '?')}, N={r0.get('N', '?')}): first {r0['m']} rows inside M vs "
+                     f"alone\n({r0['kernel']['numel']:,} elements compared)", fontsize=9)
+    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    return axes
 
 
 def token_mismatch_map(records: list[dict], ax=None):

@@ -13,7 +13,7 @@ import logging
 import os
 
 from . import compat, localise, probe, profiles, results
-from .cluster import Cluster
+from .cluster import Cluster, ClusterError
 from .config import MoEConfig
 
 logger = logging.getLogger(__name__)
@@ -73,10 +73,11 @@ def run_cell(cluster: Cluster, cfg: MoEConfig, *, cut: int, repeats: int, notebo
 
 def run(params: dict, results_path: str | os.PathLike, *, releases=None, repeats: int | None = None,
         progress=None) -> list[dict]:
-    """The whole sweep: for each release (and on GPUs each deterministic setting) one cluster, every cell on it.
+    """The whole sweep on one warm cluster: for each release (and on GPUs each deterministic setting) the engines
+    are restarted with that release first on their path (`Cluster.restart_engines`: the controller stays).
 
     Cells already in `results_path` (an earlier, interrupted run on the same device, world and release) are taken
-    from there; a cluster is started only for a group with cells left to measure.
+    from there; engines are (re)started only for a group with cells left to measure.
     """
     releases = list(releases or params.get("releases") or [INSTALLED])
     repeats = repeats or int(params.get("repeats", 5))
@@ -84,20 +85,27 @@ def run(params: dict, results_path: str | os.PathLike, *, releases=None, repeats
     earlier = {key(r): r for r in results.load(results_path) if r.get("notebook") == "03"}
     ccfg0 = profiles.cluster_config(params)
     out = []
-    for release in releases:
-        version = compat.installed_version() if release == INSTALLED else compat.normalize_version(release)
-        # NCCL_ALGO is read when NCCL starts: on GPUs deterministic cells get a cluster started with Ring.
-        groups = ([(False, [c for c in cells if not c.deterministic]), (True, [c for c in cells if c.deterministic])]
-                  if params["device"] == "cuda" else [(False, cells)])
-        for det_env, group in groups:
-            env = dict(notebook="03", megatron_core=version, device=ccfg0.device, world=ccfg0.engines)
-            todo = [c for c in group if key(dict(env, **_flags(c))) not in earlier]
-            out += [earlier[key(dict(env, **_flags(c)))] for c in group if c not in todo]
-            logger.info("megatron-core %s: %d cells to run, %d already measured", version, len(todo), len(group) - len(todo))
-            if not todo:
-                continue
-            ccfg = ccfg0.replace(extra_path=release_path(release, params.get("wheels")), deterministic=det_env)
-            with Cluster(ccfg) as cluster:
+    cluster: Cluster | None = None
+    try:
+        for release in releases:
+            version = compat.installed_version() if release == INSTALLED else compat.normalize_version(release)
+            # NCCL_ALGO is read when NCCL starts: on GPUs deterministic cells get engines started with Ring.
+            groups = ([(False, [c for c in cells if not c.deterministic]),
+                       (True, [c for c in cells if c.deterministic])]
+                      if params["device"] == "cuda" else [(False, cells)])
+            for det_env, group in groups:
+                env = dict(notebook="03", megatron_core=version, device=ccfg0.device, world=ccfg0.engines)
+                todo = [c for c in group if key(dict(env, **_flags(c))) not in earlier]
+                out += [earlier[key(dict(env, **_flags(c)))] for c in group if c not in todo]
+                logger.info("megatron-core %s: %d cells to run, %d already measured", version, len(todo),
+                            len(group) - len(todo))
+                if not todo:
+                    continue
+                changes = dict(extra_path=release_path(release, params.get("wheels")), deterministic=det_env)
+                if cluster is None:
+                    cluster = Cluster(ccfg0.replace(**changes)).start()
+                elif any(getattr(cluster.config, k) != v for k, v in changes.items()):
+                    cluster.restart_engines(**changes)
                 if cluster.summary()["megatron_core"] != version:
                     raise RuntimeError(f"engines imported megatron-core {cluster.summary()['megatron_core']}, "
                                        f"expected {version}: check `moe-lab versions list`")
@@ -105,6 +113,12 @@ def run(params: dict, results_path: str | os.PathLike, *, releases=None, repeats
                     rec = run_cell(cluster, cfg, cut=params["cut"], repeats=repeats)
                     results.append(results_path, [rec])  # streamed: an interrupted sweep keeps every finished cell
                     out.append(rec)
+    except BaseException as e:
+        if cluster is not None:  # after Ctrl-C or an engine failure the engines may be mid-collective
+            cluster.stop(graceful=not isinstance(e, (KeyboardInterrupt, ClusterError)))
+        raise
+    if cluster is not None:
+        cluster.stop()
     order = {_flags_key(c): i for i, c in enumerate(cells)}
     return sorted(out, key=lambda r: (_vt(r["megatron_core"]), order.get(_flags_key(r), 0)))
 

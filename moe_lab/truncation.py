@@ -32,11 +32,12 @@ from . import metrics
 
 logger = logging.getLogger(__name__)
 
-REMEDIES = ("deterministic", "padding_mask", "tiled_experts", "ordered_combine")
+REMEDIES = ("deterministic", "padding_mask", "tiled_experts", "ordered_combine", "no_splitk")
 """deterministic: torch.use_deterministic_algorithms (megatron's unpermute: scatter_add_ → index_add_);
 padding_mask: megatron's MoE `padding_mask` (tokens[cut:] marked as padding); tiled_experts: every expert GEMM on
 fixed T-row tiles (last one zero-padded); ordered_combine: the combine sums each token's expert outputs in fp32 in
-expert order (no atomics)."""
+expert order (no atomics); no_splitk: cuBLAS may not split K (torch >= 2.10's
+`allow_bf16_reduced_precision_reduction = (False, False)`), so no GEMM picks its reduction split from M."""
 EMULATIONS = ("splitk", "splitk_bf16", "atomics")
 """splitk: expert GEMMs split K by a GPU-like heuristic on M, fp32 partials reduced in fp32 (cuBLAS's usual scheme);
 splitk_bf16: the same, partials reduced in the output dtype (cuBLASLt output-type reduction: many more flipped bits);
@@ -98,7 +99,8 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, splits: int | None = None,
     compute type) summed in chunk order in `reduce_dtype` (default fp32, rounded once to the output dtype; the output
     dtype instead is cuBLASLt's output-type reduction and flips far more bits). splits=1 is the plain GEMM."""
     m, k = x.shape[0], x.shape[-1]
-    s = splitk_splits(m, w.shape[0], k) if splits is None else splits
+    # The emulated heuristic obeys torch's split-K switch as cuBLAS does (the no_splitk remedy): then it never splits.
+    s = (splitk_splits(m, w.shape[0], k) if splitk_allowed() else 1) if splits is None else splits
     if not isinstance(s, int) or s < 1:
         raise ValueError(f"splits ({s!r}) must be a positive integer")
     if s == 1:
@@ -110,6 +112,42 @@ def splitk_linear(x: torch.Tensor, w: torch.Tensor, splits: int | None = None,
         part = F.linear(x[..., lo:hi].float(), w[:, lo:hi].float()).to(rd)
         out = part if out is None else out + part
     return out.to(x.dtype)
+
+
+def splitk_control_available() -> bool:
+    """Whether this torch can forbid cuBLAS split-K (the (allow_reduced_precision, allow_splitk) pair, torch >= 2.10)."""
+    try:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction_split_k  # noqa: B018 - probing the API
+    except AttributeError:
+        return False
+    return True
+
+
+def splitk_allowed() -> bool:
+    """torch's current bf16 split-K switch (True where this torch has none: cuBLAS may always split)."""
+    return torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction_split_k \
+        if splitk_control_available() else True
+
+
+_REDUCTION_FLAGS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+
+
+@contextlib.contextmanager
+def no_splitk():
+    """Remedy: forbid cuBLAS split-K (and reduced-precision reductions, which torch requires off for that) for the
+    block; the previous settings are restored. Every GEMM then reduces K in one pass whatever its M."""
+    if not splitk_control_available():
+        raise ValueError(f"no_splitk needs torch >= 2.10 (allow_bf16_reduced_precision_reduction = (False, False)); "
+                         f"this is torch {torch.__version__}")
+    m = torch.backends.cuda.matmul
+    prev = {n: (getattr(m, n), getattr(m, n + "_split_k")) for n in _REDUCTION_FLAGS}
+    try:
+        for n in _REDUCTION_FLAGS:
+            setattr(m, n, (False, False))
+        yield
+    finally:
+        for n, v in prev.items():
+            setattr(m, n, v)
 
 
 def tiled_rows(fn, x: torch.Tensor, tile: int):
@@ -307,6 +345,8 @@ def toggles(layer, *, remedy: str = "none", emulation: str = "none", tile: int =
             stack.enter_context(ordered_combine())
         if "deterministic" in rem:
             stack.enter_context(deterministic())
+        if "no_splitk" in rem:
+            stack.enter_context(no_splitk())
         yield
 
 
@@ -349,6 +389,10 @@ def engine_cases(cfg_dict: dict, cases: list[dict], *, cut: int, repeats: int = 
         if "padding_mask" in rem and not compat.supports_padding_mask(layer):
             res.append({**row, "available": False,
                         "reason": f"megatron-core {compat.installed_version()} MoELayer.forward has no padding_mask"})
+            continue
+        if "no_splitk" in rem and not splitk_control_available():
+            res.append({**row, "available": False,
+                        "reason": f"torch {torch.__version__} cannot forbid cuBLAS split-K (needs >= 2.10)"})
             continue
         masks = (full_mask, cut_mask) if "padding_mask" in rem else (None, None)
         with toggles(layer, remedy=case["remedy"], emulation=case["emulation"], tile=case.get("tile") or 128):
@@ -422,8 +466,8 @@ def engine_routing(cfg_dict: dict, *, cut: int) -> dict:
 
 
 def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int) -> list[dict] | None:
-    """Batch variance of one expert GEMM (rank 0's local expert 0, linear_fc1): the first min(ms) rows computed
-    inside M rows vs alone, for each M and each (emulation, remedy, tile) state. Other ranks return None."""
+    """Batch variance of the expert GEMMs (rank 0's local expert 0, linear_fc1 and linear_fc2): the first min(ms) rows
+    computed inside M rows vs alone, for each M and each (emulation, remedy, tile) state. Other ranks return None."""
     import torch.distributed as tdist
 
     from .dist import STATE
@@ -431,28 +475,36 @@ def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int
     cfg, layer, _, _ = _setup(cfg_dict, cut)
     if tdist.get_rank() != 0:
         return None
-    lin = layer.experts.local_experts[0].linear_fc1
-    g = torch.Generator(device=STATE["torch_device"]).manual_seed(cfg.seed)
-    x = torch.randn((max(ms), cfg.hidden), generator=g, device=STATE["torch_device"]).to(lin.weight.dtype)
+    expert = layer.experts.local_experts[0]
     m0 = min(ms)
     rows = []
     with torch.no_grad():
-        for st in states:
-            with toggles(layer, remedy=st["remedy"], emulation=st["emulation"], tile=st.get("tile") or 128):
-                ref = lin(x[:m0])[0]
-                for m in ms:
-                    out = lin(x[:m])[0][:m0]
-                    rows.append({**st, "M": m, "m": m0, "kernel": metrics.compare(ref, out),
-                                 "splits": splitk_splits(m, lin.weight.shape[0], cfg.hidden)
-                                 if "splitk" in st["emulation"] else None})
+        for name in ("fc1", "fc2"):
+            lin = getattr(expert, f"linear_{name}")
+            k = lin.weight.shape[1]  # fc2 reduces over the ffn width: the long K where split-K pays
+            g = torch.Generator(device=STATE["torch_device"]).manual_seed(cfg.seed)
+            x = torch.randn((max(ms), k), generator=g, device=STATE["torch_device"]).to(lin.weight.dtype)
+            for st in states:
+                rem = parse(st["remedy"], REMEDIES, "remedy")
+                if "no_splitk" in rem and not splitk_control_available():
+                    continue
+                with toggles(layer, remedy=st["remedy"], emulation=st["emulation"], tile=st.get("tile") or 128):
+                    ref = lin(x[:m0])[0]
+                    for m in ms:
+                        out = lin(x[:m])[0][:m0]
+                        rows.append({**st, "linear": name, "K": k, "N": lin.weight.shape[0], "M": m, "m": m0,
+                                     "kernel": metrics.compare(ref, out),
+                                     "splits": (splitk_splits(m, lin.weight.shape[0], k) if splitk_allowed() else 1)
+                                     if "splitk" in st["emulation"] else None})
     return rows
 
 
 # ============================================================================================= controller side
 
 
-DEFAULT_REMEDIES = ["none", "deterministic", "padding_mask", "ordered_combine", "tiled_experts",
-                    "deterministic+tiled_experts", "ordered_combine+tiled_experts"]
+DEFAULT_REMEDIES = ["none", "deterministic", "padding_mask", "ordered_combine", "tiled_experts", "no_splitk",
+                    "deterministic+tiled_experts", "ordered_combine+tiled_experts", "deterministic+no_splitk",
+                    "ordered_combine+no_splitk"]
 
 
 def default_plan(device: str) -> dict[str, list[str]]:
@@ -471,7 +523,7 @@ def plan(device: str, *, emulations=None, remedies=None, tiles=None, auto: int) 
     if emulations or remedies:
         rems = list(remedies or DEFAULT_REMEDIES)
         by_emu = {e: rems for e in (emulations or by_emu)}
-    tiles = tiles or ([auto] if device == "cpu" else sorted({64, 128, 256, 512, auto}))
+    tiles = tiles or ([auto] if device == "cpu" else sorted({256, 512, auto}))
     cases = []
     for e, rems in by_emu.items():
         parse(e, EMULATIONS, "emulation")
@@ -520,10 +572,12 @@ def run(cluster, params: dict, *, router_dtype: str = "fp64", emulations=None, r
             ms = kernel_ms or ([128, 192, 256, 320, 384, 512, 1024] if device == "cpu"
                                else [16, 32, 64, 128, 256, 512, 1024, 2048, 4096])
             states = [{"emulation": "none", "remedy": "none", "tile": None},
-                      {"emulation": "none", "remedy": "tiled_experts", "tile": auto}]
+                      {"emulation": "none", "remedy": "tiled_experts", "tile": auto},
+                      {"emulation": "none", "remedy": "no_splitk", "tile": None}]
             if device == "cpu":
                 states += [{"emulation": "splitk", "remedy": "none", "tile": None},
-                           {"emulation": "splitk", "remedy": "tiled_experts", "tile": auto}]
+                           {"emulation": "splitk", "remedy": "tiled_experts", "tile": auto},
+                           {"emulation": "splitk", "remedy": "no_splitk", "tile": None}]
             kr = cluster.run(engine_kernel, cfg.asdict(), ms=ms, states=states, cut=cut, what="04 kernel sweep")[0]
             records += [base(cfg, kind="kernel", emulated=r["emulation"] != "none", **r) for r in kr]
         per_rank = cluster.run(engine_cases, cfg.asdict(), cases, cut=cut, repeats=repeats,
@@ -649,12 +703,16 @@ def verdict(records: list[dict]) -> str:
             lines.append(f"- padding_mask: rows per expert {'unchanged' if keep else 'changed'} by the mask — "
                          + ("this release still dispatches and computes padded tokens." if keep
                             else "padded tokens leave the experts."))
-    kern = [r for r in records if r["kind"] == "kernel" and not r["emulated"] and r["remedy"] == "none"]
-    if kern:
+    for lin, kern in _kernel_by_linear(records, "none").items():
         bad = [r["M"] for r in kern if not r["kernel"]["bitwise_equal"]]
-        lines.append(f"- Expert GEMM, real kernel: the first {kern[0]['m']} rows are "
+        fixed = {rem: all(r["kernel"]["bitwise_equal"] for r in ks)
+                 for rem, ks in ((rem, _kernel_by_linear(records, rem).get(lin, [])) for rem in
+                                 ("no_splitk", "tiled_experts")) if ks}
+        lines.append(f"- Expert {lin} GEMM, real kernel: the first {kern[0]['m']} rows are "
                      + (f"bit-identical for every M in {[r['M'] for r in kern]} (batch invariant)." if not bad
-                        else f"different when computed inside M = {bad} rows (batch variant)."))
+                        else f"different when computed inside M = {bad} rows (batch variant)"
+                        + ("; " + ", ".join(f"{k}: {'invariant' if v else 'still variant'}" for k, v in fixed.items())
+                           if fixed else "") + "."))
     settings = list(dict.fromkeys(r["emulation"] for r in cases))
     for emu in settings:
         sub = [r for r in cases if r["emulation"] == emu]
@@ -663,7 +721,7 @@ def verdict(records: list[dict]) -> str:
             f"{r['dispatcher']} {_cmp(r['truncation'])}, rerun {'equal' if r['rerun']['bitwise_equal'] else 'differs'}"
             for r in plain) + ".")
         effects = [e for e in (_effect(sub, m) for m in ("deterministic", "ordered_combine", "tiled_experts",
-                                                          "padding_mask")) if e]
+                                                          "no_splitk", "padding_mask")) if e]
         if effects and any(not r["truncation"]["bitwise_equal"] for r in plain):
             lines.append(f"  {_setting(sub[0])}: " + "; ".join(effects) + ".")
     real = [r for r in cases if not r["emulated"] and r["remedy"] == "none"]
@@ -695,14 +753,17 @@ def _causes(records: list[dict], cases: list[dict]) -> str:
         out.append("the routing of the first tokens itself changes")
     elif rts:
         out.append("the first tokens route identically")
-    kern = [r for r in records if r["kind"] == "kernel" and not r["emulated"] and r["remedy"] == "none"]
-    bad_m = [r["M"] for r in kern if not r["kernel"]["bitwise_equal"]]
-    tiled_fix = list(dict.fromkeys(_rem(r["remedy"], r["tile"]) for r in real if "tiled_experts" in r["remedy"]
-                                   and r["truncation"]["bitwise_equal"]))
-    if bad_m or tiled_fix:
-        ev = ([f"an expert GEMM's rows change with M = {bad_m}"] if bad_m else []) + \
-             ([f"bitwise equal again with {', '.join(tiled_fix[:3])}"] if tiled_fix else [])
-        if kern and not bad_m:  # the probe's M values saw no variance: say so rather than contradict it
+    kern = [r for ks in _kernel_by_linear(records, "none").values() for r in ks]
+    bad = {lin: [r["M"] for r in ks if not r["kernel"]["bitwise_equal"]]
+           for lin, ks in _kernel_by_linear(records, "none").items()}
+    bad = {lin: ms for lin, ms in bad.items() if ms}
+    gemm_fix = list(dict.fromkeys(_rem(r["remedy"], r["tile"]) for r in real
+                                  if ("tiled_experts" in r["remedy"] or "no_splitk" in r["remedy"])
+                                  and r["truncation"]["bitwise_equal"]))
+    if bad or gemm_fix:
+        ev = [f"{lin}'s rows change with M = {ms}" for lin, ms in bad.items()] + \
+             ([f"bitwise equal again with {', '.join(gemm_fix[:3])}"] if gemm_fix else [])
+        if kern and not bad:  # the probe's M values saw no variance: say so rather than contradict it
             ev.append(f"the kernel probe at M = {[r['M'] for r in kern]} saw none, so the variance is at the layer's "
                       "own, uneven row counts per expert")
         out.append("the expert GEMMs are batch variant (" + "; ".join(ev) + ")")
@@ -715,6 +776,15 @@ def _causes(records: list[dict], cases: list[dict]) -> str:
     if len(out) <= 1:
         out.append("no cause isolated by these experiments")
     return "; ".join(out)
+
+
+def _kernel_by_linear(records: list[dict], remedy: str) -> dict[str, list[dict]]:
+    """Real-kernel probe rows of one remedy state, by linear (fc1, fc2; records before fc2 was probed: fc1)."""
+    out: dict[str, list[dict]] = {}
+    for r in records:
+        if r["kind"] == "kernel" and not r["emulated"] and r["remedy"] == remedy:
+            out.setdefault(r.get("linear", "fc1"), []).append(r)
+    return out
 
 
 def _cheapest(cases: list[dict]) -> dict | None:

@@ -103,7 +103,8 @@ def test_controller_run_records(cpu_cluster):
     recs = truncation.run(cpu_cluster, params, emulations=["none", "splitk_bf16+atomics"],
                           remedies=["deterministic+tiled_experts"], repeats=2, kernel_ms=[64, 128, 512])
     kinds = [r["kind"] for r in recs]
-    assert kinds.count("routing") == 1 and kinds.count("case") == 4 and kinds.count("kernel") == 4 * 3
+    # kernel probe: (plain, tiled, no split-K) x (real, EMULATED splitk) x (fc1, fc2) x 3 M values
+    assert kinds.count("routing") == 1 and kinds.count("case") == 4 and kinds.count("kernel") == 6 * 2 * 3
     for r in recs:
         for key in ("remedy", "emulated", "dispatcher", "router_dtype", "megatron_core", "device", "world"):
             assert r[key] is not None and r[key] != "", key
@@ -114,8 +115,12 @@ def test_controller_run_records(cpu_cluster):
     fixed = cases[("splitk_bf16+atomics", "deterministic+tiled_experts")]
     assert fixed["truncation"]["bitwise_equal"] and fixed["rerun"]["bitwise_equal"] and fixed["tile"] == 256
     assert fixed["overhead"] > 0 and len(fixed["token_mismatch_frac"]) == CUT
-    kern = {(r["emulation"], r["remedy"], r["M"]): r["kernel"]["bitwise_equal"] for r in recs if r["kind"] == "kernel"}
-    assert all(kern[("none", "none", m)] for m in (64, 128, 512))  # real CPU GEMM: batch invariant
-    assert all(kern[("splitk", "tiled_experts", m)] for m in (64, 128, 512))
+    kern = {(r["linear"], r["emulation"], r["remedy"], r["M"]): r["kernel"]["bitwise_equal"]
+            for r in recs if r["kind"] == "kernel"}
+    for lin in ("fc1", "fc2"):
+        assert all(kern[(lin, "none", "none", m)] for m in (64, 128, 512))  # real CPU GEMM: batch invariant
+        assert not all(kern[(lin, "splitk", "none", m)] for m in (64, 128, 512))  # EMULATED split-K from M: variant
+        assert all(kern[(lin, "splitk", "tiled_experts", m)] for m in (64, 128, 512))
+        assert all(kern[(lin, "splitk", "no_splitk", m)] for m in (64, 128, 512))  # the emulation obeys the switch
     v = truncation.verdict(recs)
     assert "EMULATED splitk_bf16+atomics" in v and "deterministic+tiled_experts T=256" in v

@@ -34,3 +34,43 @@ def test_seed_report_layer_runs_and_is_compared_in_full(gpu_cluster, dispatcher)
     assert rec["truncation"]["numel"] == 90 * 4096
     assert rec["device"] == "cuda" and rec["backend"] == "nccl"
     print(probe.headline(rec))
+
+
+def test_restart_engines_switches_release_on_gpus(gpu_cluster):
+    """#5 on NCCL: switching megatron-core release restarts only the engines (same controller), one per GPU."""
+    import os
+    from pathlib import Path
+
+    from moe_lab import compat, sweep
+
+    wheels = Path(os.environ.get("MOE_LAB_RELEASES", ".whl/releases"))
+    other = next((v for v in ("0.19.2", "0.12.3") if any(wheels.glob(f"megatron_core-{v}*"))), None)
+    if other is None:
+        pytest.skip(f"no other megatron-core release in {wheels} (set MOE_LAB_RELEASES)")
+    controller = gpu_cluster._ipp
+    gpu_cluster.restart_engines(extra_path=sweep.release_path(other, str(wheels)))
+    try:
+        assert gpu_cluster.summary()["megatron_core"] == other and gpu_cluster._ipp is controller
+        assert {i["backend"] for i in gpu_cluster.info} == {"nccl"}
+        rec = probe.run_case(gpu_cluster, MoEConfig.seed_report(dispatcher="alltoall"), repeats=1)
+        assert rec["megatron_core"] == other and rec["cross_rank"]["numel"] == 1024 * 4096
+        print(f"restart to {other}: {gpu_cluster.timings['restart_s']:.1f} s (cold start was "
+              f"{gpu_cluster.timings.get('engines_s', 0):.1f} s engines)")
+    finally:
+        gpu_cluster.restart_engines(extra_path=())
+    assert gpu_cluster.summary()["megatron_core"] == compat.installed_version()
+
+
+def test_no_splitk_makes_the_expert_gemms_batch_invariant(gpu_cluster):
+    """#6: the seed layer's expert fc1/fc2 rows inside M rows vs alone, plain cuBLAS vs split-K forbidden."""
+    from moe_lab import truncation
+
+    if not truncation.splitk_control_available():
+        pytest.skip("this torch cannot forbid split-K")
+    cfg = MoEConfig.seed_report(router_dtype="fp64")
+    states = [{"emulation": "none", "remedy": r, "tile": None} for r in ("none", "no_splitk")]
+    rows = gpu_cluster.run(truncation.engine_kernel, cfg.asdict(), ms=[16, 64, 96, 192, 256, 384, 1024, 4096],
+                           states=states, cut=90)[0]
+    for r in rows:
+        print(r["linear"], r["remedy"], r["M"], r["kernel"]["n_mismatch"])
+    assert all(r["kernel"]["bitwise_equal"] for r in rows if r["remedy"] == "no_splitk")

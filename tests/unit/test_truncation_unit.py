@@ -85,6 +85,29 @@ def test_splitk_emulation_is_m_dependent_on_a_plain_matmul(reduce_dtype):
     assert torch.equal(F.linear(x[:1024], w)[:m], F.linear(x[:m], w))  # the real CPU GEMM is batch invariant
 
 
+def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it():
+    if not T.splitk_control_available():
+        pytest.skip(f"torch {torch.__version__} has no split-K switch")
+    m = torch.backends.cuda.matmul
+    before = (m.allow_bf16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction_split_k,
+              m.allow_fp16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction_split_k)
+    x, w = _data(m=1024, n=1024, k=1024)
+    alone = lambda: T.splitk_linear(x[:128], w)  # noqa: E731 - the emulated heuristic picks 4 splits at M=128
+    split = alone()
+    with T.no_splitk():
+        assert not m.allow_bf16_reduced_precision_reduction_split_k and not m.allow_bf16_reduced_precision_reduction
+        assert not T.splitk_allowed()
+        unsplit = alone()
+        assert torch.equal(unsplit, F.linear(x[:128], w))  # one split: the plain GEMM
+        assert torch.equal(T.splitk_linear(x, w)[:128], unsplit)  # and M no longer matters
+    assert not torch.equal(split, unsplit)  # positive control: the split did change bits
+    assert (m.allow_bf16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction_split_k,
+            m.allow_fp16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction_split_k) == before
+    with pytest.raises(RuntimeError), T.no_splitk():
+        raise RuntimeError("restored on error too")
+    assert m.allow_bf16_reduced_precision_reduction_split_k == before[1]
+
+
 # ------------------------------------------------------------------------------------------ fixed-row tiles
 
 
@@ -162,8 +185,10 @@ def test_plan_puts_the_plain_case_first_and_sweeps_tiles_on_gpu():
     assert {c["emulation"] for c in cpu} == {"none", "splitk+atomics"}
     assert all(c["tile"] == 256 for c in cpu if "tiled_experts" in c["remedy"])
     gpu = T.plan("cuda", auto=256)
-    assert {c["emulation"] for c in gpu} == {"none"} and len(gpu) == 4 + 3 * 4  # 3 tiled remedies x 4 tiles
-    assert sorted({c["tile"] for c in gpu if c["tile"]}) == [64, 128, 256, 512]
+    # 7 untiled (none + 6 remedies), 3 tiled remedies x 2 tiles (auto = 256 is one of them)
+    assert {c["emulation"] for c in gpu} == {"none"} and len(gpu) == 7 + 3 * 2
+    assert sorted({c["tile"] for c in gpu if c["tile"]}) == [256, 512]
+    assert {"no_splitk", "deterministic+no_splitk", "ordered_combine+no_splitk"} <= {c["remedy"] for c in gpu}
     mine = T.plan("cpu", emulations=["splitk_bf16"], remedies=["tiled_experts"], tiles=[32], auto=256)
     assert mine == [{"emulation": "splitk_bf16", "remedy": "none", "tile": None},
                     {"emulation": "splitk_bf16", "remedy": "tiled_experts", "tile": 32}]
