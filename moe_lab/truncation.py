@@ -134,20 +134,28 @@ _REDUCTION_FLAGS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduce
 
 @contextlib.contextmanager
 def no_splitk():
-    """Remedy: forbid cuBLAS split-K (and reduced-precision reductions, which torch requires off for that) for the
-    block; the previous settings are restored. Every GEMM then reduces K in one pass whatever its M."""
+    """Remedy: forbid cuBLAS split-K for the block (torch requires reduced-precision reductions off for that, and the
+    switch acts on cuBLASLt, so on CUDA cuBLASLt becomes the preferred BLAS library for the block); the previous
+    settings are restored. Every GEMM then reduces K in one pass whatever its M. On a CPU-only torch only the switch
+    is set (the EMULATED split-K heuristic obeys it)."""
     if not splitk_control_available():
         raise ValueError(f"no_splitk needs torch >= 2.10 (allow_bf16_reduced_precision_reduction = (False, False)); "
                          f"this is torch {torch.__version__}")
     m = torch.backends.cuda.matmul
     prev = {n: (getattr(m, n), getattr(m, n + "_split_k")) for n in _REDUCTION_FLAGS}
+    lt = torch.cuda.is_available()
+    prev_blas = torch.backends.cuda.preferred_blas_library() if lt else None
     try:
+        if lt:  # before the switch: torch refuses allow_splitk=False while plain cuBLAS is preferred
+            torch.backends.cuda.preferred_blas_library("cublaslt")
         for n in _REDUCTION_FLAGS:
             setattr(m, n, (False, False))
         yield
     finally:
         for n, v in prev.items():
             setattr(m, n, v)
+        if lt:
+            torch.backends.cuda.preferred_blas_library(prev_blas)
 
 
 def tiled_rows(fn, x: torch.Tensor, tile: int):
@@ -371,8 +379,9 @@ def _forward(layer, tokens, mask=None):
 
 
 def engine_cases(cfg_dict: dict, cases: list[dict], *, cut: int, repeats: int = 5) -> list[dict]:
-    """Per case (remedy, emulation, tile): full vs truncated forward (first `cut` tokens), a rerun, and the median of
-    `repeats` timed forwards (after one warm-up)."""
+    """Per case (remedy, emulation, tile): full vs truncated forward (first `cut` tokens), a rerun, and `repeats`
+    timed rounds, each a forward with the case's toggles and one without its remedy (same emulation), back to back:
+    the cost is read from paired rounds, so drift between cases (clocks, other load) does not enter it."""
     import torch.distributed as tdist
 
     from . import compat
@@ -395,19 +404,27 @@ def engine_cases(cfg_dict: dict, cases: list[dict], *, cut: int, repeats: int = 
                         "reason": f"torch {torch.__version__} cannot forbid cuBLAS split-K (needs >= 2.10)"})
             continue
         masks = (full_mask, cut_mask) if "padding_mask" in rem else (None, None)
-        with toggles(layer, remedy=case["remedy"], emulation=case["emulation"], tile=case.get("tile") or 128):
+        tile = case.get("tile") or 128
+        with toggles(layer, remedy=case["remedy"], emulation=case["emulation"], tile=tile):
             out_t = _forward(layer, trunc, masks[1])  # also the warm-up of this toggle state
-            ts = []
-            for i in range(max(2, repeats)):  # first and last timed forwards double as the rerun pair
+        ts, ts_plain = [], []
+        for i in range(max(2, repeats)):  # first and last timed forwards double as the rerun pair
+            with toggles(layer, remedy=case["remedy"], emulation=case["emulation"], tile=tile):
                 tdist.barrier()  # ranks start together: a rank still busy elsewhere is not timed as collective wait
                 t0 = time.perf_counter()
                 o = _forward(layer, tokens, masks[0])
                 ts.append(time.perf_counter() - t0)
-                out = o if i == 0 else out
+            out = o if i == 0 else out
+            with toggles(layer, remedy="none", emulation=case["emulation"]):
+                tdist.barrier()
+                t0 = time.perf_counter()
+                _forward(layer, tokens)
+                ts_plain.append(time.perf_counter() - t0)
         a, b = out[:cut], out_t[:cut]
         row.update(truncation=metrics.compare(a, b), rerun=metrics.compare(out, o),
                    token_mismatch=metrics.bitwise_mismatch(a, b).reshape(cut, -1).sum(dim=1).tolist(),
-                   hidden=a[0].numel(), t_forward_s=statistics.median(ts), one_ulp_fails_frac=one_ulp_fails_frac(a),
+                   hidden=a[0].numel(), t_forward_s=statistics.median(ts), ts=ts, ts_plain=ts_plain,
+                   one_ulp_fails_frac=one_ulp_fails_frac(a),
                    abs_quantiles=_quantiles(a))
         res.append(row)
     return res
@@ -557,7 +574,7 @@ def run(cluster, params: dict, *, router_dtype: str = "fp64", emulations=None, r
     c0 = cfgs[0]
     auto = auto_tile(c0.seq_len, world, c0.topk, c0.num_experts)
     cases = plan(device, emulations=emulations, remedies=remedies, tiles=tiles, auto=auto)
-    repeats = repeats or 7
+    repeats = repeats or (15 if device == "cuda" else 7)  # GPU rounds are milliseconds: more of them, less noise
     logger.info("04: %d dispatcher(s) x %d cases, tile auto = %d, %d timed forwards each", len(cfgs), len(cases),
                 auto, repeats)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -583,10 +600,6 @@ def run(cluster, params: dict, *, router_dtype: str = "fp64", emulations=None, r
         per_rank = cluster.run(engine_cases, cfg.asdict(), cases, cut=cut, repeats=repeats,
                                what=f"04 cases {cfg.dispatcher}")
         recs = [_case_record(base(cfg, kind="case"), [pr[j] for pr in per_rank]) for j in range(len(cases))]
-        plain = {r["emulation"]: r["t_forward_s"] for r in recs if r["remedy"] == "none"}
-        for r in recs:
-            t0 = plain.get(r["emulation"])
-            r["overhead"] = r["t_forward_s"] / t0 if r.get("t_forward_s") and t0 else None
         records += recs
     return records
 
@@ -611,8 +624,21 @@ def _case_record(base: dict, per_rank: list[dict]) -> dict:
                token_mismatch_frac=[max(r["token_mismatch"][t] for r in per_rank) / hidden
                                     for t in range(len(r0["token_mismatch"]))],
                t_forward_s=max(r["t_forward_s"] for r in per_rank) if r0["t_forward_s"] is not None else None,
+               **_paired_cost(per_rank),
                one_ulp_fails_frac=r0["one_ulp_fails_frac"], abs_quantiles=r0["abs_quantiles"])
     return rec
+
+
+def _paired_cost(per_rank: list[dict]) -> dict:
+    """A round's time is its slowest rank's (the forward is collective); overhead = median over rounds of case/plain.
+    The spread (min-max of the per-round ratios) says how far a single-run figure can be trusted."""
+    if not per_rank[0].get("ts_plain"):
+        return {}
+    case = [max(r["ts"][i] for r in per_rank) for i in range(len(per_rank[0]["ts"]))]
+    plain = [max(r["ts_plain"][i] for r in per_rank) for i in range(len(per_rank[0]["ts_plain"]))]
+    ratios = [c / p for c, p in zip(case, plain) if p > 0]
+    return {"t_plain_s": statistics.median(plain), "overhead": statistics.median(ratios) if ratios else None,
+            "overhead_range": [min(ratios), max(ratios)] if ratios else None}
 
 
 def summary_table(records: list[dict], remedy: str | None = None):
@@ -632,7 +658,9 @@ def summary_table(records: list[dict], remedy: str | None = None):
                      "allclose 1e-3": t["allclose_1e3"],
                      "rerun": "equal" if r["rerun"]["bitwise_equal"] else "differs",
                      "1 ULP fails allclose at": f"{r['one_ulp_fails_frac']:.1%} of outputs",
-                     "time / plain": f"{r['overhead']:.2f}×" if r.get("overhead") else "n/a"})
+                     "time / plain": (f"{r['overhead']:.2f}×" + (" ({:.2f}–{:.2f})".format(*r["overhead_range"])
+                                                                  if r.get("overhead_range") else ""))
+                     if r.get("overhead") else "n/a"})
     return pd.DataFrame(rows)
 
 

@@ -47,15 +47,16 @@ def test_restart_engines_switches_release_on_gpus(gpu_cluster):
     other = next((v for v in ("0.19.2", "0.12.3") if any(wheels.glob(f"megatron_core-{v}*"))), None)
     if other is None:
         pytest.skip(f"no other megatron-core release in {wheels} (set MOE_LAB_RELEASES)")
-    controller = gpu_cluster._ipp
+    controller, cold = gpu_cluster._ipp, gpu_cluster.timings["ready_s"]
     gpu_cluster.restart_engines(extra_path=sweep.release_path(other, str(wheels)))
     try:
         assert gpu_cluster.summary()["megatron_core"] == other and gpu_cluster._ipp is controller
         assert {i["backend"] for i in gpu_cluster.info} == {"nccl"}
         rec = probe.run_case(gpu_cluster, MoEConfig.seed_report(dispatcher="alltoall"), repeats=1)
         assert rec["megatron_core"] == other and rec["cross_rank"]["numel"] == 1024 * 4096
-        print(f"restart to {other}: {gpu_cluster.timings['restart_s']:.1f} s (cold start was "
-              f"{gpu_cluster.timings.get('engines_s', 0):.1f} s engines)")
+        t = gpu_cluster.timings
+        print(f"restart to {other}: {t['restart_s']:.1f} s (engines registered {t['engines_s']:.1f} s, process group "
+              f"{t['process_group_s']:.1f} s); the cold start took {cold:.1f} s")
     finally:
         gpu_cluster.restart_engines(extra_path=())
     assert gpu_cluster.summary()["megatron_core"] == compat.installed_version()

@@ -210,3 +210,12 @@ def test_verdict_labels_emulated_cases():
     assert "the real layer passes the truncation test bitwise" in v
     assert "(EMULATED splitk): tiled_experts T=64, 1.20x" in v
     assert T.label(recs[2]) == "EMULATED splitk / tiled_experts T=64"
+
+
+def test_paired_cost_takes_the_slowest_rank_per_round_and_the_median_ratio():
+    ranks = [{"ts": [2.0, 3.0, 2.0], "ts_plain": [1.0, 1.0, 2.0]},
+             {"ts": [1.0, 4.0, 2.0], "ts_plain": [2.0, 1.0, 1.0]}]
+    # rounds: case max (2, 4, 2), plain max (2, 1, 2) → ratios 1, 4, 1
+    c = T._paired_cost(ranks)
+    assert c == {"t_plain_s": 2.0, "overhead": 1.0, "overhead_range": [1.0, 4.0]}
+    assert T._paired_cost([{"ts": [1.0]}]) == {}  # records from before paired timing: no cost claimed
