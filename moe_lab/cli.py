@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="the warm lab against one fresh spawn per config: ready time, sweep, capture "
                                      "overhead, bytes compared, peak memory (table + JSON)")
     bench.add_arguments(b)
+
+    from . import scale
+
+    sc = sub.add_parser("scale", help="per-GPU memory and compute of one MoE layer forward at each EP, by explicit "
+                                      "calculation (--measure: against the real layer on engines)")
+    scale.add_arguments(sc)
     return ap
 
 
@@ -178,13 +184,19 @@ def cmd_bench(a) -> int:
     return bench.cmd(a)
 
 
+def cmd_scale(a) -> int:
+    from . import scale
+
+    return scale.cmd(a)
+
+
 def main(argv=None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
-               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench}[a.cmd]
+               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale}[a.cmd]
     try:
         return handler(a)
     except ValueError as e:  # bad input: one line, exit 2, nothing launched

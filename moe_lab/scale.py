@@ -1,0 +1,717 @@
+"""Scale plan: per-GPU memory and compute of one MoE layer forward as the lab runs it, by explicit calculation (#8).
+
+What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local spec, `SequentialMLP`, no TE, eval,
+`torch.no_grad()`, which is what `measure.forward` runs):
+
+- **parameters**: the router weight [experts x hidden] and, per local expert (experts / EP), `linear_fc1`
+  [ffn (x2 if gated) x hidden] and `linear_fc2` [hidden x ffn], all in the layer dtype. megatron creates the router
+  weight in fp32 but casts it to `params_dtype` in `reset_parameters`, and the lab's `layer.to(dtype)` would anyway;
+  no biases (`add_bias_linear=False`). A cluster test checks these bytes against the real layer exactly.
+- **forward**: a timeline of the tensors alive at each step of one forward (`forward_phases`), read from the code
+  of 0.16.1 (router.py, moe_utils.py, token_dispatcher.py, experts.py, mlp.py); the forward's peak is the largest
+  step. Tensors die when Python drops the last reference, so the timeline follows the variables that stay bound:
+  e.g. in `MoELayer.forward` the dispatched tokens stay referenced until the combine returns.
+  - allgather: every rank gathers all ranks' tokens, [seq x EP, hidden], into megatron's global memory buffer,
+    which *stays allocated* after the forward (counted as persistent), plus the gathered probs and routing map
+    [seq x EP, experts]; it permutes the rows routed to its local experts, runs them, scatters them back into a
+    zeroed [seq x EP, hidden] tensor and reduce-scatters it (in the probs dtype: fp32/fp64 with a promoted
+    router). Activations grow linearly with EP.
+  - alltoall: each rank permutes its seq x topk rows, sends and receives them (all-to-all), sorts the received rows
+    by local expert, runs them, sorts back, returns them (all-to-all) and un-permutes into [seq, hidden].
+    Activations do not grow with EP (only with imbalance).
+  - experts (`SequentialMLP`): one expert at a time, so fc1/activation/fc2 intermediates are per *expert*
+    ([rows of that expert x ffn]); each expert's [rows x hidden] output is kept in a list and concatenated.
+- **rows**: how many routed rows the busiest rank's experts get. `scenario="balanced"`: seq x topk per rank (the
+  expected value under uniform routing), times `imbalance`. `scenario="truncation"`: the lab's own truncation input,
+  the same on every rank with tokens[cut:] = 0; zero tokens have all-zero logits and go to experts 0..topk-1, so the
+  rank holding those experts gets EP x (seq - cut) x min(topk, local experts) rows — EP times the balanced load.
+- **the lab around the layer** (`measure.run_case`): the input tokens, up to three kept outputs and the truncated
+  input, `metrics.compare` (75 B per compared element, int64/fp64 temporaries; pinned by a unit test with the
+  CPU allocator's profiler) and `metrics.fingerprint` (40 B per element at its peak: int64 bits, 2 int64 weights,
+  their product; the weights, 16 B per element, stay cached). On GPUs the comparisons run on the device, so they
+  count. With capture on (`capture.run_with_capture`) every stage output is cloned and kept.
+- **not counted**: CUDA context, NCCL's own buffers, cuBLAS workspace and caching-allocator fragmentation (they are
+  outside `torch.cuda.max_memory_allocated`, or small); a `reserve` is subtracted from the GPU for them.
+
+Compute: 2 x rows x hidden x ffn x (2, or 3 if gated) FLOPs for the expert GEMMs of the busiest rank, and
+2 x seq x hidden x experts for the router; the time is an **estimate** at a sustained `tflops` (default 600 TFLOP/s,
+H200 dense bf16 GEMMs sustain ~790 on large square shapes; small per-expert GEMMs get less).
+
+Checked against the real layer (`measure_layer`, `measured`): parameter bytes exactly; forward peaks within 5 % on
+4 CPU engines (tests/cluster/test_scale.py, with the CPU terms of `forward_phases(device="cpu")`), and forward and
+`run_case` peaks within 3 % on 2x H200 at EP=2 (reports/scale-h200x2-2026-11-30/).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import MoEConfig
+
+GIB = 2**30
+H200_HBM_BYTES = 141 * 10**9
+"""H200's HBM as sold (141 GB)."""
+H200_USABLE_BYTES = 139 * GIB
+"""What torch can allocate on one H200 (the device machine reports 143771 MiB; ~139 GiB usable)."""
+DEFAULT_RESERVE_BYTES = 4 * GIB
+"""Held back for what the calculation does not count: CUDA context, NCCL buffers, allocator fragmentation."""
+DEFAULT_TFLOPS = 600.0
+DEEPSEEK_V3_MOE_LAYERS = 58  # 61 layers, the first 3 dense (first_k_dense_replace=3)
+
+COMPARE_BYTES_PER_ELEMENT = 75
+"""`metrics.compare` peak, bytes per compared element (bf16): int64 ordered bits, fp64 copies, abs/rel errors."""
+FINGERPRINT_BYTES_PER_ELEMENT = 40
+"""`metrics.fingerprint` peak: int64 bits (8) + cached int64 weights [2, n] (16) + their product (16)."""
+FINGERPRINT_CACHED_BYTES_PER_ELEMENT = 16
+"""The fingerprint weights stay cached on the device (`metrics._FP_WEIGHTS`, one size at a time)."""
+
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
+SCENARIOS = ("balanced", "truncation")
+
+
+def presets() -> dict[str, MoEConfig]:
+    """The layers of the scale plan: the seed report's, and one of DeepSeek-V3's routed-expert shape."""
+    return {
+        "seed": MoEConfig.seed_report(),
+        # DeepSeek-V3: hidden 7168, 256 routed experts, top-8, expert ffn 2048; 4096 tokens per rank here. As the lab
+        # builds it: gelu experts (V3 uses SwiGLU: `gated=True`), softmax top-k (V3: sigmoid, grouped), no shared expert.
+        "deepseek-v3": MoEConfig(hidden=7168, num_experts=256, topk=8, ffn_hidden=2048, seq_len=4096, dtype="bf16"),
+    }
+
+
+def dtype_bytes(cfg: MoEConfig) -> tuple[int, int]:
+    """(layer dtype bytes, router/probs dtype bytes): router_dtype 'none' keeps the layer dtype."""
+    d = _DTYPE_BYTES[cfg.dtype]
+    r = d if cfg.router_dtype == "none" else _DTYPE_BYTES[cfg.router_dtype]
+    return d, r
+
+
+def check_ep(cfg: MoEConfig, ep) -> int:
+    """EP checked against the layer: a positive integer that divides num_experts; TP must be 1."""
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise ValueError(f"ep ({ep!r}) must be a positive integer")
+    if cfg.num_experts % ep:
+        raise ValueError(f"num_experts ({cfg.num_experts}) must be divisible by ep ({ep})")
+    if cfg.tp != 1:
+        raise ValueError(f"the scale plan counts TP=1 only; tp is {cfg.tp}")
+    return ep
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+
+
+def param_bytes(cfg: MoEConfig, ep: int, *, gated: bool = False) -> dict[str, int]:
+    """Bytes of this rank's parameters: the router (replicated) and its experts / EP local experts."""
+    check_ep(cfg, ep)
+    d, _ = dtype_bytes(cfg)
+    local = cfg.num_experts // ep
+    fc1 = (2 if gated else 1) * cfg.ffn_hidden * cfg.hidden * d
+    fc2 = cfg.hidden * cfg.ffn_hidden * d
+    router = cfg.num_experts * cfg.hidden * d
+    return {"router": router, "experts": local * (fc1 + fc2), "per_expert": fc1 + fc2, "local_experts": local,
+            "total": router + local * (fc1 + fc2)}
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def rows_per_expert(cfg: MoEConfig, ep: int, *, scenario: str = "balanced", imbalance: float = 1.0,
+                    cut: int = 90) -> list[int]:
+    """Rows each local expert of the busiest rank gets in one forward, in the order SequentialMLP runs them.
+
+    Every rank is fed the same seq tokens (the lab's setup), so the busiest rank's experts see EP copies of them.
+    balanced:   seq x topk rows per rank (EP x seq x topk / experts per expert), times `imbalance` (>= 1).
+    truncation: tokens[cut:] = 0 on every rank; zero tokens route to experts 0..topk-1 (all-zero logits, lowest
+                indices win the tie), which sit on rank 0: EP x (seq - cut) rows for each of its first
+                min(topk, local) experts, plus a balanced share of the cut kept tokens. The busiest expert
+                runs last here (the order that makes the peak largest).
+    """
+    check_ep(cfg, ep)
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario ({scenario!r}) must be one of {', '.join(map(repr, SCENARIOS))}")
+    if not isinstance(imbalance, (int, float)) or isinstance(imbalance, bool) or not imbalance >= 1:
+        raise ValueError(f"imbalance ({imbalance!r}) must be a number >= 1 (1 = uniform routing)")
+    local = cfg.num_experts // ep
+    tokens = cfg.seq_len * ep  # every rank's tokens: gathered (allgather) or sent here (alltoall)
+    if scenario == "balanced":
+        per_expert = min(tokens, math.ceil(tokens * cfg.topk / cfg.num_experts * imbalance))
+        return [per_expert] * local
+    if not 0 < cut < cfg.seq_len:
+        raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({cfg.seq_len - 1})")
+    kept = math.ceil(ep * cut * cfg.topk / cfg.num_experts)
+    hot = min(cfg.topk, local)
+    counts = [kept] * (local - hot) + [ep * (cfg.seq_len - cut) + kept] * hot
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------- forward
+
+
+def _expert_steps(counts: list[int], cfg: MoEConfig, *, gated: bool, base: dict[str, int],
+                  device: str = "cuda") -> list[tuple]:
+    """SequentialMLP: experts one after another; each keeps its [n x hidden] output in a list, then one cat."""
+    d, r = dtype_bytes(cfg)
+    p = max(d, r)  # gelu(fc1) * probs promotes to the probs dtype, then `.to(dtype)` casts back
+    H, F = cfg.hidden, cfg.ffn_hidden
+    steps = []
+    done = 0
+    for i, n in enumerate(counts):
+        if gated:  # glu: fc1 out [n, 2F], act(x_glu), x_linear + offset, their product
+            act = n * F * d * (2 + 1 + 1 + 1)
+        else:  # fc1 out [n, F] and gelu's output
+            act = n * F * d * 2
+        # activation + (activation * probs); or the promoted product + its cast back. On CPU a bf16 x fp32
+        # multiply first copies the bf16 operand to fp32 (CUDA kernels cast on the fly).
+        scale = n * F * (d + p + (p if device == "cpu" and p != d else 0))
+        fc2 = n * F * d + n * H * d  # scaled activation + fc2 output (kept)
+        worst = max(act, scale, fc2)
+        steps.append((f"experts.{i}", dict(base, **{"experts.outputs_so_far": done * H * d,
+                                                    "experts.intermediates": worst})))
+        done += n
+    if len(counts) > 1:
+        steps.append(("experts.cat", dict(base, **{"experts.outputs_list": done * H * d, "experts.out": done * H * d})))
+    return steps
+
+
+def forward_phases(cfg: MoEConfig, ep: int, *, counts: list[int] | None = None, gated: bool = False,
+                   scenario: str = "balanced", imbalance: float = 1.0, cut: int = 90,
+                   device: str = "cuda") -> list[tuple[str, dict]]:
+    """The tensors alive at each step of one forward on the busiest rank: [(step, {tensor: bytes})].
+
+    Not included: the input tokens (the caller's) and the parameters. Included: allgather's global buffer (the
+    gathered tokens), which megatron allocates in the first forward and keeps (see `persistent_bytes`).
+    counts: rows per local expert in run order (default `rows_per_expert(...)`; a measurement can pass its own).
+    device: 'cuda' (NCCL; the plan) or 'cpu' (gloo: its reduce-scatter works on a copy of the input; CPU kernels
+            copy a bf16 operand to fp32 before a mixed multiply) — the CPU terms let a CPU test check the timeline.
+    """
+    check_ep(cfg, ep)
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device ({device!r}) must be 'cuda' or 'cpu'")
+    d, r = dtype_bytes(cfg)
+    S, H, E, k = cfg.seq_len, cfg.hidden, cfg.num_experts, cfg.topk
+    L = E // ep
+    if counts is None:
+        counts = rows_per_expert(cfg, ep, scenario=scenario, imbalance=imbalance, cut=cut)
+    if len(counts) != L:
+        raise ValueError(f"counts has {len(counts)} entries; this rank has {L} local experts")
+    R = sum(counts)
+    det = cfg.deterministic
+    steps: list[tuple[str, dict]] = []
+
+    # router: logits = x @ W^T in the router dtype (x and W cast first if it differs); top-k; softmax over the k;
+    # probs and routing map scattered into [S, E] (the map through an int32 copy).
+    cast = (S * H * r + E * H * r) if r != d else 0
+    steps.append(("router.gating", {"router.casts": cast, "router.logits": S * E * r}))
+    steps.append(("router.topk", {"router.logits": S * E * r, "router.topk": S * k * (r + 8 + 4),
+                                  "router.probs": S * E * r, "router.map_int": 2 * S * E * 4}))
+    route = {"router.probs": S * E * r, "router.routing_map": S * E}
+
+    if cfg.dispatcher == "allgather":
+        G = S * ep
+        gath = {"dispatch.gathered_tokens (global buffer)": G * H * d} if ep > 1 else {}
+        big = dict(route, **gath)
+        if ep > 1:
+            big.update({"dispatch.gathered_probs": G * E * r, "dispatch.gathered_map": G * E})
+        steps.append(("dispatch.all_gather", dict(big)))
+        # local map/probs [G, L]; permute: map.T, token index [G] int64, sorted indices [R], permuted rows [R, H]
+        steps.append(("dispatch.permute", dict(big, **{"dispatch.local_map_probs": G * L * (1 + r),
+                                                       "permute.map_T_and_index": G * L + G * 8,
+                                                       "permute.sorted_indices": R * 8,
+                                                       "dispatch.permuted": R * H * d})))
+        # self.routing_map = None frees the gathered map; `probs` was rebound to the gathered probs
+        drop = ("dispatch.gathered_map", "router.probs") if ep > 1 else ()
+        keep = {k_: v for k_, v in big.items() if k_ not in drop}
+        keep.update({"dispatch.local_map": G * L, "dispatch.local_probs": R * r, "permute.sorted_indices": R * 8,
+                     "dispatch.permuted": R * H * d})
+        steps += _expert_steps(counts, cfg, gated=gated, base=keep, device=device)
+        # unpermute: zeros [G, H] + scatter_add_ (deterministic: index_add_ into a second zeros)
+        steps.append(("combine.unpermute", dict(keep, **{"experts.out": R * H * d,
+                                                         "combine.unpermuted": G * H * d * (2 if det else 1)})))
+        after = {k_: v for k_, v in keep.items() if k_ not in ("dispatch.permuted", "permute.sorted_indices")}
+        after.update({"combine.unpermuted": G * H * d, "permute.sorted_indices": R * 8})
+        if ep > 1:  # reduce-scatter in the probs dtype: [G, H] cast, [S, H] result, cast back to the layer dtype
+            steps.append(("combine.reduce_scatter", dict(after, **{
+                "combine.cast_to_probs_dtype": G * H * r if r != d else 0,
+                "combine.reduce_scattered": S * H * r, "combine.out": S * H * d if r != d else 0,
+                "combine.gloo_copy": G * H * r if device == "cpu" else 0})))
+        return steps
+
+    # alltoall: permute the S x topk rows (probs travel with them), all-to-all, sort by local expert
+    Sk = S * k
+    steps.append(("dispatch.permute", dict(route, **{"permute.map_T_and_index": S * E + S * 8,
+                                                     "permute.probs_T": S * E * r, "permute.sorted_indices": Sk * 8,
+                                                     "dispatch.permuted_probs": Sk * r,
+                                                     "dispatch.permuted": Sk * H * d})))
+    held = dict(route, **{"permute.sorted_indices": Sk * 8, "dispatch.permuted": Sk * H * d,
+                          "dispatch.permuted_probs": Sk * r})
+    recv = dict(held, **{"dispatch.received": R * H * d, "dispatch.received_probs": R * r})
+    steps.append(("dispatch.all_to_all", dict(recv)))
+    sort = L > 1  # sort_chunks_by_idxs only with several local experts
+    if sort:
+        recv.update({"dispatch.sorted": R * H * d, "dispatch.sorted_probs": R * r})
+        steps.append(("dispatch.sort_by_expert", dict(recv)))
+    steps += _expert_steps(counts, cfg, gated=gated, base=recv, device=device)
+    out = dict(recv, **{"experts.out": R * H * d})
+    if sort:
+        steps.append(("combine.sort_back", dict(out, **{"combine.sorted_back": R * H * d})))
+        out = {k_: v for k_, v in out.items() if k_ not in ("dispatch.sorted", "dispatch.sorted_probs", "experts.out")}
+        out["combine.sorted_back"] = R * H * d
+    steps.append(("combine.all_to_all", dict(out, **{"combine.returned": Sk * H * d})))
+    last = {k_: v for k_, v in out.items() if k_ not in ("combine.sorted_back", "experts.out")}
+    steps.append(("combine.unpermute", dict(last, **{"combine.returned": Sk * H * d,
+                                                     "combine.out": S * H * d * (2 if det else 1)})))
+    return steps
+
+
+def persistent_bytes(cfg: MoEConfig, ep: int) -> int:
+    """Allocated by the first forward and kept: allgather's global buffer of gathered tokens (EP > 1)."""
+    check_ep(cfg, ep)
+    d, _ = dtype_bytes(cfg)
+    return cfg.seq_len * ep * cfg.hidden * d if cfg.dispatcher == "allgather" and ep > 1 else 0
+
+
+def forward_peak(cfg: MoEConfig, ep: int, **kw) -> dict:
+    """The largest step of `forward_phases`: {'bytes', 'step', 'tensors'}; bytes include the global buffer."""
+    steps = forward_phases(cfg, ep, **kw)
+    name, tensors = max(steps, key=lambda s: sum(s[1].values()))
+    return {"bytes": sum(tensors.values()), "step": name, "tensors": tensors}
+
+
+# ---------------------------------------------------------------------------------------------- the lab around it
+
+
+def capture_bytes(cfg: MoEConfig, ep: int, counts: list[int]) -> int:
+    """Stage clones kept by `capture.run_with_capture` (router logits/probs/map, every dispatcher step, experts, out)."""
+    d, r = dtype_bytes(cfg)
+    S, H, E, k = cfg.seq_len, cfg.hidden, cfg.num_experts, cfg.topk
+    R, L = sum(counts), len(counts)
+    router = S * E * (r + r + 1)  # logits, probs, routing map
+    if cfg.dispatcher == "allgather":
+        G = S * ep
+        stages = (S * H * d + S * E * r  # dispatch.pre tokens, probs
+                  + G * H * d + G * E * r  # dispatch.comm tokens, probs
+                  + R * H * d + R * r + L * 8  # dispatch.post tokens, probs, tokens_per_expert
+                  + R * H * d  # experts.out
+                  + G * H * d  # combine.pre (unpermuted)
+                  + 3 * S * H * d)  # combine.comm, combine.post, moe.out
+    else:
+        Sk = S * k
+        stages = (Sk * H * d + Sk * r + R * H * d + R * r + R * H * d + R * r + L * 8 + R * H * d
+                  + R * H * d + Sk * H * d + 2 * S * H * d)
+    return router + stages
+
+
+def lab_phases(cfg: MoEConfig, ep: int, *, fwd_plain: int, fwd_trunc: int, cut: int, capture: bool,
+               cap_bytes: int) -> list[tuple[str, int]]:
+    """`measure.run_case` on one rank: [(step, bytes)] beyond parameters + persistent buffer + the input tokens +
+    the cached fingerprint weights (16 B per output element, kept from the previous case).
+
+    Forwards 1-3 (plain, rerun, truncated input) keep their outputs; `time_forward` runs once more; the two
+    comparisons (rerun: [seq x hidden]; truncation: [cut x hidden]); the cross-rank fingerprint; and, only if the
+    ranks' fingerprints differ, the all-gather of every rank's full output ([EP x seq, hidden]).
+    """
+    d, _ = dtype_bytes(cfg)
+    out = cfg.seq_len * cfg.hidden * d
+    n = cfg.seq_len * cfg.hidden
+    cap = cap_bytes if capture else 0
+    fp_warm = (FINGERPRINT_BYTES_PER_ELEMENT - FINGERPRINT_CACHED_BYTES_PER_ELEMENT) * n
+    return [
+        ("forward 1 (plain)", fwd_plain + cap),
+        ("forward 2 (rerun)", out + fwd_plain + cap),
+        ("forward 3 (truncated input)", 2 * out + out + fwd_trunc + cap),
+        ("time_forward", 3 * out + fwd_plain),
+        ("compare rerun", 3 * out + COMPARE_BYTES_PER_ELEMENT * n),
+        ("compare truncation", 3 * out + COMPARE_BYTES_PER_ELEMENT * cut * cfg.hidden),
+        ("fingerprint (cross-rank)", 3 * out + fp_warm),
+        ("cross-rank all-gather (if ranks differ)", 3 * out + ep * out),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+
+def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool = False, imbalance: float = 1.0,
+         cut: int = 90, capture: bool = False, tflops: float = DEFAULT_TFLOPS,
+         usable_bytes: int = H200_USABLE_BYTES, reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+         moe_layers: int | None = None, counts: list[int] | None = None,
+         counts_truncation: list[int] | None = None, device: str = "cuda") -> dict:
+    """Per-GPU memory and compute of one MoE layer forward at EP=`ep` (TP=1) for the busiest rank, as a flat dict.
+
+    Memory (bytes): parameters + persistent (allgather's buffer) + input tokens + cached fingerprint weights + the
+    largest of the lab's steps (`lab_phases`), each the forward's own peak plus what the lab holds then.
+    `layer_peak_bytes` is one plain (balanced) forward alone: what a model pays per MoE layer in inference.
+    Fits: lab peak <= usable - reserve. `moe_layers_fit`: how many such layers' parameters fit beside one forward;
+    with `moe_layers`, `model_fits` says whether that many do.
+    counts / counts_truncation: measured rows per local expert (else `rows_per_expert`'s scenarios).
+    """
+    if dispatcher is not None:
+        cfg = cfg.replace(dispatcher=dispatcher)
+    check_ep(cfg, ep)
+    if not isinstance(tflops, (int, float)) or isinstance(tflops, bool) or not tflops > 0:
+        raise ValueError(f"tflops ({tflops!r}) must be a positive number")
+    d, r = dtype_bytes(cfg)
+    prm = param_bytes(cfg, ep, gated=gated)
+    pers = persistent_bytes(cfg, ep)
+    inp = cfg.seq_len * cfg.hidden * d
+    fp_cache = FINGERPRINT_CACHED_BYTES_PER_ELEMENT * cfg.seq_len * cfg.hidden
+    counts_b = counts or rows_per_expert(cfg, ep, scenario="balanced", imbalance=imbalance)
+    counts_t = counts_truncation or rows_per_expert(cfg, ep, scenario="truncation", cut=cut)
+    fp_b = forward_peak(cfg, ep, counts=counts_b, gated=gated, device=device)
+    fp_t = forward_peak(cfg, ep, counts=counts_t, gated=gated, device=device)
+    # forward_peak includes the persistent buffer: subtract it so that it is counted once
+    fwd_b, fwd_t = fp_b["bytes"] - pers, fp_t["bytes"] - pers
+    cap = capture_bytes(cfg, ep, counts_b)
+    phases = lab_phases(cfg, ep, fwd_plain=fwd_b, fwd_trunc=fwd_t, cut=cut, capture=capture, cap_bytes=cap)
+    lab_step, lab_extra = max(phases, key=lambda p: p[1])
+    total = prm["total"] + pers + inp + fp_cache + lab_extra
+    layer_peak = prm["total"] + pers + inp + fwd_b
+    budget = usable_bytes - reserve_bytes
+    act = layer_peak - prm["total"]  # one forward's activations (+ buffer, input), beside the parameters
+    fit_layers = max(0, (budget - act) // prm["total"])
+    R_b, R_t = sum(counts_b), sum(counts_t)
+    mult = 3 if gated else 2
+    fl_experts = 2 * R_b * cfg.hidden * cfg.ffn_hidden * mult
+    fl_router = 2 * cfg.seq_len * cfg.hidden * cfg.num_experts
+    if cfg.dispatcher == "allgather":  # received: all-gather of the other ranks' tokens, reduce-scatter (probs dtype)
+        comm = (ep - 1) * cfg.seq_len * cfg.hidden * (d + r)
+    else:  # all-to-all both ways: the rows that come from other ranks, (EP-1)/EP of them when balanced
+        comm = 2 * (R_b * (ep - 1) // ep) * cfg.hidden * d
+    row = {
+        "hidden": cfg.hidden, "num_experts": cfg.num_experts, "topk": cfg.topk, "ffn_hidden": cfg.ffn_hidden,
+        "seq_len": cfg.seq_len, "dtype": cfg.dtype, "router_dtype": cfg.router_dtype, "dispatcher": cfg.dispatcher,
+        "deterministic": cfg.deterministic, "gated": gated, "ep": ep, "local_experts": prm["local_experts"],
+        "imbalance": imbalance, "cut": cut, "capture": capture,
+        "tokens_seen": cfg.seq_len * ep if cfg.dispatcher == "allgather" else cfg.seq_len,
+        "rows": R_b, "rows_max_expert": max(counts_b), "rows_truncation": R_t,
+        "rows_max_expert_truncation": max(counts_t),
+        "param_router_bytes": prm["router"], "param_experts_bytes": prm["experts"], "param_bytes": prm["total"],
+        "persistent_bytes": pers, "input_bytes": inp, "fingerprint_cache_bytes": fp_cache,
+        "forward_bytes": fwd_b, "forward_step": fp_b["step"],
+        "forward_truncation_bytes": fwd_t, "forward_truncation_step": fp_t["step"],
+        "capture_bytes": cap if capture else 0,
+        "lab_step": lab_step, "lab_extra_bytes": lab_extra,
+        "layer_peak_bytes": layer_peak, "lab_peak_bytes": total,
+        "usable_bytes": usable_bytes, "reserve_bytes": reserve_bytes,
+        "fits": total <= budget, "headroom_bytes": budget - total, "moe_layers_fit": int(fit_layers),
+        "comm_bytes": comm,
+        "expert_flops": fl_experts, "router_flops": fl_router, "tflops": float(tflops),
+        "est_ms": 1e3 * (fl_experts + fl_router) / (tflops * 1e12),
+        "expert_flops_truncation": 2 * R_t * cfg.hidden * cfg.ffn_hidden * mult,
+        "est_ms_truncation": 1e3 * (2 * R_t * cfg.hidden * cfg.ffn_hidden * mult + fl_router) / (tflops * 1e12),
+    }
+    if moe_layers is not None:
+        row["moe_layers"] = moe_layers
+        row["model_fits"] = moe_layers * prm["total"] + act <= budget
+    return row
+
+
+def plan_table(cfg: MoEConfig, eps, *, dispatchers=("allgather", "alltoall"), **kw):
+    """`plan` for every EP x dispatcher, as a pandas DataFrame (one row each)."""
+    import pandas as pd
+
+    return pd.DataFrame([plan(cfg, ep, dispatcher=disp, **kw) for disp in dispatchers for ep in eps])
+
+
+def min_ep(cfg: MoEConfig, moe_layers: int, *, dispatcher: str = "alltoall", **kw) -> int | None:
+    """The smallest EP (a divisor of num_experts) at which `moe_layers` layers' parameters fit beside one forward."""
+    for ep in [e for e in range(1, cfg.num_experts + 1) if cfg.num_experts % e == 0]:
+        if plan(cfg, ep, dispatcher=dispatcher, moe_layers=moe_layers, **kw)["model_fits"]:
+            return ep
+    return None
+
+
+def _gib(b) -> str:
+    return f"{b / GIB:.2f}"
+
+
+def format_plan(rows, *, title: str | None = None) -> str:
+    """A markdown table of `plan` rows (a DataFrame or a list of dicts), GiB per GPU."""
+    recs = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
+    if not recs:
+        return ""
+    r0 = recs[0]
+    head = title or (f"hidden {r0['hidden']}, {r0['num_experts']} experts, top-{r0['topk']}, expert ffn "
+                     f"{r0['ffn_hidden']}{' (gated: fc1 x2)' if r0['gated'] else ''}, {r0['seq_len']} tokens per "
+                     f"rank, {r0['dtype']}, router dtype {r0['router_dtype']}")
+    budget = r0["usable_bytes"] - r0["reserve_bytes"]
+    lines = [
+        head,
+        "",
+        f"GiB per GPU (busiest rank); fits = lab peak <= {_gib(r0['usable_bytes'])} usable - "
+        f"{_gib(r0['reserve_bytes'])} reserve = {_gib(budget)} GiB; time: ESTIMATE at {r0['tflops']:g} TFLOP/s",
+        "",
+        "| dispatcher | EP | local experts | params | tokens seen | rows (trunc.) | forward | forward, trunc. input "
+        "| layer peak | lab peak | fits | layers fit | expert GFLOP | est. ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in recs:
+        fwd = r["forward_bytes"] + r["persistent_bytes"]
+        fwd_t = r["forward_truncation_bytes"] + r["persistent_bytes"]
+        lines.append(
+            f"| {r['dispatcher']} | {r['ep']} | {r['local_experts']} | {_gib(r['param_bytes'])} | {r['tokens_seen']} "
+            f"| {r['rows']} ({r['rows_truncation']}) | {_gib(fwd)} | {_gib(fwd_t)} | {_gib(r['layer_peak_bytes'])} "
+            f"| {_gib(r['lab_peak_bytes'])} | {'yes' if r['fits'] else 'NO'} | {r['moe_layers_fit']} "
+            f"| {r['expert_flops'] / 1e9:.1f} | {r['est_ms']:.2f} |")
+    lines += [
+        "",
+        "forward: activations of one plain forward incl. allgather's kept token buffer (balanced routing); "
+        "trunc. input: the lab's truncated tokens (zeros route to experts 0..topk-1 on one rank); layer peak: "
+        "params + input + forward; lab peak: `measure.run_case` (3 kept outputs, compare, fingerprint); layers fit: "
+        "how many such layers' params fit beside one forward.",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- measured (engines)
+
+
+def measure_layer(cfg_dict: dict, *, cut: int = 90) -> dict:
+    """Engine side: build the layer through the lab's own path (`measure.get_layer`) and measure it.
+
+    Returns the parameter bytes (exact), rows per local expert seen by this rank for the plain and the truncated
+    input, and the forward's peak allocation above what was allocated before it: `torch.cuda.max_memory_allocated`
+    on GPUs; on CPU the allocator events of the torch profiler (exact for tensors torch allocates; gloo's own
+    buffers are not in it). A warm-up forward runs first, so allgather's global buffer is already allocated.
+    """
+    import torch
+    import torch.distributed as tdist
+
+    from . import measure, model
+    from .dist import STATE
+
+    cfg = MoEConfig(**cfg_dict)
+    layer = measure.get_layer(cfg)
+    dev = STATE["torch_device"]
+    params = {n: p.numel() * p.element_size() for n, p in layer.named_parameters()}
+    buffers = sum(b.numel() * b.element_size() for b in layer.buffers())
+    tokens = model.make_tokens(cfg, dev)
+    trunc = model.truncate(tokens, cut)
+    ep = tdist.get_world_size() // cfg.tp
+    local = list(layer.local_expert_indices)
+
+    def counts(x):  # the same tokens on every rank: this rank's experts see EP copies of their rows
+        with torch.no_grad():
+            _, rmap = layer.router(x)
+        per = rmap.reshape(-1, cfg.num_experts).sum(dim=0)
+        return [int(ep * per[e]) for e in local]
+
+    measure.set_deterministic(cfg.deterministic)
+    try:
+        measure.forward(layer, tokens)  # warm-up: global buffer, cuBLAS handles, router weight placement
+        res = {"rank": tdist.get_rank(), "device": STATE["device"], "param_bytes": sum(params.values()),
+               "param_bytes_by_name": params, "buffer_bytes": buffers, "local_experts": local,
+               "counts": counts(tokens), "counts_truncation": counts(trunc)}
+        for key, x in (("forward", tokens), ("forward_truncation", trunc)):
+            res[key] = _peak(lambda x=x: measure.forward(layer, x), STATE["device"], dev)
+        del tokens, trunc  # run_case makes its own
+        if STATE["device"] == "cuda":
+            torch.cuda.synchronize(dev)
+            res["allocated_bytes"] = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            measure.run_case(cfg_dict, cut=cut, repeats=1)
+            torch.cuda.synchronize(dev)
+            res["run_case_peak_bytes"] = torch.cuda.max_memory_allocated(dev)
+            res["run_case_allocated_after_bytes"] = torch.cuda.memory_allocated(dev)
+        return res
+    finally:
+        measure.set_deterministic(False)
+
+
+def _peak(fn, device: str, dev) -> dict:
+    """Peak bytes allocated while `fn` runs, above what was allocated when it started; and what stays after."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize(dev)
+        before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        out = fn()
+        torch.cuda.synchronize(dev)
+        peak, after = torch.cuda.max_memory_allocated(dev), torch.cuda.memory_allocated(dev)
+        del out
+        return {"peak_bytes": peak - before, "kept_bytes": after - before}
+    return _cpu_peak(fn)
+
+
+def _cpu_peak(fn) -> dict:
+    """CPU: the torch profiler's allocator events ('Total Allocated' runs on across profiler sessions, so the
+    baseline is the first event's total minus its own size)."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()  # kept past the profile, as on GPU: kept_bytes includes the output
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e["args"] for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    finally:
+        os.remove(path)
+    del out
+    if not events:
+        return {"peak_bytes": 0, "kept_bytes": 0}
+    base = events[0]["Total Allocated"] - events[0]["Bytes"]
+    return {"peak_bytes": max(e["Total Allocated"] for e in events) - base,
+            "kept_bytes": events[-1]["Total Allocated"] - base}
+
+
+def compare_measured(cfg: MoEConfig, ep: int, per_rank: list[dict], *, device: str, cut: int = 90) -> dict:
+    """Measured (`measure_layer` on every rank) against calculated, with the measured rows per expert fed in.
+
+    Parameters must agree exactly. Forward peaks are the allocation above what was allocated before the forward
+    (the global buffer already there), so the calculation subtracts `persistent_bytes`. On GPUs `run_case` is also
+    measured whole (absolute `max_memory_allocated`) against the plan's lab peak.
+    """
+    pers = persistent_bytes(cfg, ep)
+    calc_params = param_bytes(cfg, ep)["total"]
+    ranks = []
+    for m in per_rank:
+        r = {"rank": m["rank"], "param_bytes": m["param_bytes"], "param_bytes_calc": calc_params,
+             "buffer_bytes": m["buffer_bytes"], "counts": m["counts"], "counts_truncation": m["counts_truncation"]}
+        for key, ck in (("forward", "counts"), ("forward_truncation", "counts_truncation")):
+            calc = forward_peak(cfg, ep, counts=m[ck], device=device)
+            r[key] = m[key]["peak_bytes"]
+            r[key + "_calc"] = calc["bytes"] - pers
+            r[key + "_step"] = calc["step"]
+            r[key + "_ratio"] = r[key] / r[key + "_calc"]
+        if "run_case_peak_bytes" in m:
+            p = plan(cfg, ep, counts=m["counts"], counts_truncation=m["counts_truncation"], cut=cut, device=device)
+            r.update(run_case_peak=m["run_case_peak_bytes"], run_case_peak_calc=p["lab_peak_bytes"],
+                     run_case_step_calc=p["lab_step"], allocated_before=m["allocated_bytes"],
+                     run_case_ratio=m["run_case_peak_bytes"] / p["lab_peak_bytes"])
+        ranks.append(r)
+    return {"config": cfg.asdict(), "ep": ep, "device": device, "cut": cut,
+            "params_equal": all(r["param_bytes"] == r["param_bytes_calc"] for r in ranks), "ranks": ranks}
+
+
+def measured(cfgs: list[MoEConfig], *, device: str | None = None, engines: int | None = None, cut: int = 90,
+             timeout_s: float = 600.0) -> list[dict]:
+    """Controller side: start a cluster (EP = engines) and `compare_measured` every config on it."""
+    from .cluster import Cluster, default_config
+
+    ccfg = default_config(device=device, engines=engines, timeout_s=timeout_s)
+    ep = ccfg.engines
+    for cfg in cfgs:
+        cfg.resolved_ep(ep)
+        check_ep(cfg, ep)
+        if not 0 < cut < cfg.seq_len:
+            raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({cfg.seq_len - 1})")
+    out = []
+    with Cluster(ccfg) as c:
+        for cfg in cfgs:
+            per_rank = c.run(measure_layer, cfg.asdict(), cut=cut, what=f"scale {cfg.dispatcher}/{cfg.router_dtype}")
+            out.append(compare_measured(cfg, ep, per_rank, device=ccfg.device, cut=cut))
+    return out
+
+
+def _mib(b) -> str:
+    return f"{b / 2**20:.1f}"
+
+
+def format_measured(records: list[dict]) -> str:
+    """Measured vs calculated, one line per config (the rank whose forward peaks highest), MiB."""
+    lines = ["| layer | dispatcher / router | EP | device | params: measured = calculated | forward MiB: measured / "
+             "calculated | truncated input MiB: measured / calculated | run_case peak MiB: measured / calculated |",
+             "| --- | --- | ---: | --- | --- | --- | --- | --- |"]
+    for rec in records:
+        c = rec["config"]
+        w = max(rec["ranks"], key=lambda r: r["forward_truncation"])
+        f = max(rec["ranks"], key=lambda r: r["forward"])
+        rc = max(rec["ranks"], key=lambda r: r.get("run_case_peak", 0))
+        run = (f"{_mib(rc['run_case_peak'])} / {_mib(rc['run_case_peak_calc'])} ({rc['run_case_ratio']:.3f})"
+               if "run_case_peak" in rc else "—")
+        lines.append(
+            f"| {c['hidden']}/{c['num_experts']}e/top-{c['topk']}/ffn {c['ffn_hidden']}/{c['seq_len']} tok "
+            f"| {c['dispatcher']} / {c['router_dtype']}{' / det' if c['deterministic'] else ''} | {rec['ep']} "
+            f"| {rec['device']} | {_mib(f['param_bytes'])} MiB: {'yes' if rec['params_equal'] else 'NO'} "
+            f"| {_mib(f['forward'])} / {_mib(f['forward_calc'])} ({f['forward_ratio']:.3f}, {f['forward_step']}) "
+            f"| {_mib(w['forward_truncation'])} / {_mib(w['forward_truncation_calc'])} "
+            f"({w['forward_truncation_ratio']:.3f}, {w['forward_truncation_step']}) | {run} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def _ints(s: str) -> list[int]:
+    import argparse
+
+    try:
+        vals = [int(v) for v in s.split(",") if v.strip()]
+    except ValueError:
+        vals = []
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a comma list of positive integers, e.g. 8,16,32")
+    return vals
+
+
+DEFAULT_EPS = {"seed": [2, 4, 8], "deepseek-v3": [8, 16, 32, 64]}
+
+
+def add_arguments(p):
+    """The options of `moe-lab scale`."""
+    from .config import DISPATCHERS, ROUTER_DTYPES
+
+    p.add_argument("--preset", choices=tuple(DEFAULT_EPS), default="seed",
+                   help="seed: the seed report's layer; deepseek-v3: hidden 7168, 256 experts, top-8, ffn 2048")
+    p.add_argument("--ep", type=_ints, default=None, help="comma list (default: seed 2,4,8; deepseek-v3 8,16,32,64)")
+    p.add_argument("--seq", type=int, default=None, help="tokens per rank (default: seed 1024, deepseek-v3 4096)")
+    p.add_argument("--dispatcher", default="allgather,alltoall", help="comma list: " + ",".join(DISPATCHERS))
+    p.add_argument("--router-dtype", choices=ROUTER_DTYPES, default="none")
+    p.add_argument("--gated", action="store_true", help="fc1 x2 (SwiGLU, as DeepSeek-V3; the lab builds gelu)")
+    p.add_argument("--imbalance", type=float, default=1.0, help="rows of the busiest rank / seq x topk (>= 1)")
+    p.add_argument("--cut", type=int, default=90, help="the truncation test's cut (tokens[cut:] = 0)")
+    p.add_argument("--capture", action="store_true", help="count full stage capture (capture.run_with_capture)")
+    p.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS, help="sustained TFLOP/s for the time ESTIMATE")
+    p.add_argument("--reserve-gib", type=float, default=DEFAULT_RESERVE_BYTES / GIB,
+                   help="GiB held back from the 139 GiB of an H200 for CUDA context, NCCL, fragmentation")
+    p.add_argument("--json", action="store_true", help="JSON records on stdout instead of the table")
+    p.add_argument("--measure", action="store_true",
+                   help="also build the layer on engines (EP = engines) and compare measured with calculated")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="--measure: default cuda if a GPU is visible")
+    p.add_argument("--engines", type=int, default=None, help="--measure: default one per GPU (cuda) or 4 (cpu)")
+    return p
+
+
+def cmd(a) -> int:
+    """`moe-lab scale`: the plan table (or JSON) for a preset; with --measure, measured against calculated."""
+    import json
+
+    from .config import DISPATCHERS
+
+    disps = [v.strip() for v in a.dispatcher.split(",") if v.strip()]
+    bad = [v for v in disps if v not in DISPATCHERS]
+    if bad or not disps:
+        raise ValueError(f"--dispatcher {a.dispatcher!r}: each value must be one of {', '.join(DISPATCHERS)}")
+    cfg = presets()[a.preset].replace(router_dtype=a.router_dtype)
+    if a.seq is not None:
+        cfg = cfg.replace(seq_len=a.seq)
+    eps = a.ep or DEFAULT_EPS[a.preset]
+    for ep in eps:
+        check_ep(cfg, ep)
+    if not a.reserve_gib >= 0:
+        raise ValueError(f"--reserve-gib ({a.reserve_gib}) must be >= 0")
+    kw = dict(gated=a.gated, imbalance=a.imbalance, cut=a.cut, capture=a.capture, tflops=a.tflops,
+              reserve_bytes=int(a.reserve_gib * GIB))
+    moe_layers = DEEPSEEK_V3_MOE_LAYERS if a.preset == "deepseek-v3" else None
+    rows = [plan(cfg, ep, dispatcher=d, moe_layers=moe_layers, **kw) for d in disps for ep in eps]
+    recs = None
+    if a.measure:
+        recs = measured([cfg.replace(dispatcher=d) for d in disps], device=a.device, engines=a.engines, cut=a.cut)
+    if a.json:
+        print(json.dumps({"plan": rows, "measured": recs}, indent=2))
+        return 0
+    print(format_plan(rows))
+    if moe_layers:
+        need = {d: min_ep(cfg, moe_layers, dispatcher=d, **kw) for d in disps}
+        print(f"\n{moe_layers} MoE layers (DeepSeek-V3) of this shape: parameters + one forward fit one GPU from EP = "
+              + ", ".join(f"{n if n else 'none'} ({d})" for d, n in need.items()))
+    if recs:
+        print()
+        print(format_measured(recs))
+    return 0
