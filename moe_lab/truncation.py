@@ -785,9 +785,10 @@ def _causes(records: list[dict], cases: list[dict]) -> str:
     bad = {lin: [r["M"] for r in ks if not r["kernel"]["bitwise_equal"]]
            for lin, ks in _kernel_by_linear(records, "none").items()}
     bad = {lin: ms for lin, ms in bad.items() if ms}
-    gemm_fix = list(dict.fromkeys(_rem(r["remedy"], r["tile"]) for r in real
-                                  if ("tiled_experts" in r["remedy"] or "no_splitk" in r["remedy"])
-                                  and r["truncation"]["bitwise_equal"]))
+    fixes = [r for r in real if ("tiled_experts" in r["remedy"] or "no_splitk" in r["remedy"])
+             and r["truncation"]["bitwise_equal"]]
+    fixes.sort(key=lambda r: (r.get("overhead") or math.inf))  # the cheapest first: what a user would pick
+    gemm_fix = list(dict.fromkeys(_rem(r["remedy"], r["tile"]) for r in fixes))
     if bad or gemm_fix:
         ev = [f"{lin}'s rows change with M = {ms}" for lin, ms in bad.items()] + \
              ([f"bitwise equal again with {', '.join(gemm_fix[:3])}"] if gemm_fix else [])
