@@ -31,6 +31,23 @@ def _kv(s: str) -> tuple[str, object]:
     return k.strip(), val
 
 
+def _launcher_option(s: str) -> tuple[str, object]:
+    if "=" not in s:
+        raise argparse.ArgumentTypeError(f"--launcher-option {s!r}: expected key=value, e.g. "
+                                         "--launcher-option 'mpi_args=[\"--oversubscribe\"]'")
+    return _kv(s)
+
+
+def _add_launcher_arguments(p: argparse.ArgumentParser) -> None:
+    from .config import LAUNCHERS
+
+    p.add_argument("--launcher", choices=LAUNCHERS, default=None,
+                   help="how ipyparallel starts the engines (default local); mpi/slurm/ssh need --device and --engines")
+    p.add_argument("--launcher-option", dest="launcher_options", type=_launcher_option, action="append", default=[],
+                   metavar="KEY=VALUE", help="an ipyparallel launcher setting, value as JSON, e.g. "
+                   "'mpi_args=[\"--oversubscribe\"]', 'timelimit=\"01:00:00\"', 'engines={\"gpu-a\": 8}'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .config import DISPATCHERS, ROUTER_DTYPES
 
@@ -55,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-report", action="store_true", help="the seed report's layer: 4096/64 experts/top-6/1024 tokens/ffn 16384")
     p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for every engine call and collective")
+    p.add_argument("--start-timeout", type=float, default=120.0,
+                   help="seconds for the engines to start and register (a Slurm job may wait in the queue)")
     p.add_argument("--json", action="store_true", help="only JSON lines on stdout")
+    _add_launcher_arguments(p)
 
     r = sub.add_parser("run", help="execute the numbered notebooks with papermill and render HTML reports")
     r.add_argument("--profile", default=None, help="cpu | gpu | path to a JSON profile (default: gpu if a GPU is visible)")
@@ -63,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value")
     r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>)")
     r.add_argument("--timeout", type=float, default=None, help="seconds per notebook (default 1800)")
+    _add_launcher_arguments(r)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")
     lab.add_argument("--port", type=int, default=None)
@@ -123,7 +144,12 @@ def cmd_probe(a) -> int:
 
         extra = (str(versions.path_for(a.megatron)),)
     ccfg = default_config(device=a.device, engines=a.engines, tp=a.tp, timeout_s=a.timeout,
-                          deterministic=a.deterministic, extra_path=extra)
+                          start_timeout_s=a.start_timeout, deterministic=a.deterministic, extra_path=extra,
+                          **_launcher_kwargs(a))
+    if ccfg.launcher != "local":
+        from .cluster import launcher_settings
+
+        launcher_settings(ccfg)  # a bad option or a missing mpiexec/sbatch/ssh: exit 2 before anything starts
     version = a.megatron or compat.installed_version()
     for cfg in cfgs:  # everything checkable is checked before engines start
         probe.check_case(cfg, ccfg.engines, version, a.cut)
@@ -138,11 +164,22 @@ def cmd_probe(a) -> int:
     return 0
 
 
+def _launcher_kwargs(a) -> dict:
+    """--launcher / --launcher-option as ClusterConfig fields (nothing when neither is given)."""
+    kw = {}
+    if a.launcher:
+        kw["launcher"] = a.launcher
+    if a.launcher_options:
+        kw["launcher_options"] = dict(a.launcher_options)
+    return kw
+
+
 def cmd_run(a) -> int:
     from . import report
 
-    return report.run_all(profile=a.profile, only=a.only, overrides=dict(a.params), out=a.out,
-                          timeout=a.timeout)
+    overrides = dict(a.params)
+    overrides.update(_launcher_kwargs(a))
+    return report.run_all(profile=a.profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
 
 
 def cmd_lab(a) -> int:

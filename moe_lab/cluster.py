@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,6 +21,7 @@ from .config import ClusterConfig
 logger = logging.getLogger(__name__)
 
 PROFILE_PREFIX = "moe_lab_ipp_"
+SHARED_PROFILE_ROOT = "~/.moe_lab/ipp"  # default for launchers that start engines elsewhere: home is shared on clusters
 LIVENESS_EVERY_S = 0.5  # how often a waiting call checks that every engine process still exists (#7)
 COLLECTIVE_GRACE_S = 3.0  # after one rank's collective fails, how long to wait for the others' answers; and
 # how much longer than the process-group timeout a call waits by default
@@ -45,7 +47,16 @@ def visible_gpus() -> int:
 
 
 def default_config(device: str | None = None, engines: int | None = None, **kw) -> ClusterConfig:
-    """One engine per visible GPU on cuda; 4 CPU engines otherwise. Refuses more engines than GPUs."""
+    """One engine per visible GPU on cuda; 4 CPU engines otherwise. Refuses more engines than GPUs.
+
+    With a launcher other than 'local' the engines run elsewhere and this machine cannot count their GPUs, so
+    device and engines must be given; each node then checks its own GPUs when its engines join (dist.setup).
+    """
+    if kw.get("launcher", "local") != "local":
+        if device is None or not engines:
+            raise ValueError(f"launcher ({kw['launcher']!r}) starts engines on other machines: give device "
+                             f"({device!r}) and engines ({engines!r}) explicitly, e.g. device='cuda', engines=16")
+        return ClusterConfig(device=device, engines=engines, **kw)
     n_gpu = visible_gpus() if device in (None, "cuda") else 0
     if device is None:
         device = "cuda" if n_gpu else "cpu"
@@ -103,10 +114,11 @@ class Cluster:
         if self.client is not None:
             return self
         cfg = self.config
+        settings = launcher_settings(cfg)  # a bad launcher option is refused before anything starts
         t0 = time.perf_counter()
         self.info, self.timings, self._procs, self.rendezvous = [], {}, [], None
         # A private profile per cluster: two notebooks (or users) never share connection files or ports.
-        self._profile_dir = tempfile.mkdtemp(prefix=PROFILE_PREFIX)
+        self._profile_dir = tempfile.mkdtemp(prefix=PROFILE_PREFIX, dir=profile_parent(cfg))
         try:
             self._start_reaper()
             # ipyparallel logs to the notebook's stdout by default, engine output included when they are
@@ -115,8 +127,8 @@ class Cluster:
             if ipp_log.level == logging.NOTSET:
                 ipp_log.setLevel(logging.ERROR)
             self._ipp = ipp.Cluster(n=cfg.engines, profile_dir=self._profile_dir, log=ipp_log,
-                                    engine_timeout=int(cfg.start_timeout_s), delay=0.1)
-            logger.info("starting %d %s engines", cfg.engines, cfg.device)
+                                    engine_timeout=int(cfg.start_timeout_s), delay=0.1, **settings)
+            logger.info("starting %d %s engines (launcher %s)", cfg.engines, cfg.device, cfg.launcher)
             self._ipp.start_cluster_sync(n=cfg.engines)
             self.client = self._ipp.connect_client_sync()
             self._attach_engines(previous=set())
@@ -146,7 +158,7 @@ class Cluster:
         from . import dist
 
         t0 = time.perf_counter()
-        old = set(self.engine_ids)
+        old = _registered(self.client, self.engine_ids)
         try:
             for ar in [self.client[e].apply_async(dist.teardown) for e in self.engine_ids]:
                 ar.get(timeout=min(10.0, self.config.timeout_s))
@@ -164,8 +176,8 @@ class Cluster:
             self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
             logger.info("restarting %d %s engines%s", self.config.engines, self.config.device,
                         f" with {self.config.extra_path[0]} first on their path" if self.config.extra_path else "")
-            # Killed engines stay registered until the hub's heartbeat drops them: every id known now is old.
-            old |= set(self.client.ids)
+            # Killed engines stay registered until the hub's heartbeat drops them: every engine known now is old.
+            old |= _registered(self.client)
             self._ipp.start_engines_sync(n=self.config.engines)
             self._attach_engines(previous=old)
             self.timings["engines_s"] = time.perf_counter() - t0
@@ -178,12 +190,16 @@ class Cluster:
         return self
 
     def _attach_engines(self, previous: set) -> None:
-        """Wait (start timeout) for `engines` new engines to register, ids not in `previous`; map them to ranks."""
+        """Wait (start timeout) for `engines` new engines to register, (id, uuid) not in `previous`; ranks follow in
+        _bring_up, once each engine has said which node it is on.
+
+        An engine is known by (id, uuid), not by id: engines started by mpiexec ask for their MPI rank as id, so a
+        restarted engine can get the id of one that the hub has dropped since.
+        """
         cfg = self.config
         deadline = time.monotonic() + cfg.start_timeout_s
         while True:
-            ids = set(self.client.ids)
-            new = sorted(ids - previous)
+            new = sorted(eid for eid, _ in _registered(self.client) - previous)
             if len(new) >= cfg.engines:  # old ids may linger until the hub's heartbeat drops them: never targeted
                 break
             if time.monotonic() > deadline:
@@ -202,26 +218,53 @@ class Cluster:
         cfg = self.config
         t1 = time.perf_counter()
         stacks = Path(self._profile_dir, "stacks")
-        self._procs = self.run(dist.identify, per_rank=lambda r: dict(stack_file=str(stacks / f"rank{r}.txt")),
-                               what="locating the engines", timeout=cfg.start_timeout_s)
+        ids = list(self.engine_ids)  # id order until each engine has said where it runs
+        procs = self.run(dist.identify, per_rank=lambda i: dict(stack_file=str(stacks / f"engine{ids[i]}.txt")),
+                         what="locating the engines", timeout=cfg.start_timeout_s)
+        self._place(procs)
         env = dict(cfg.env)
         # The slow imports (torch + megatron-core) first, under the start timeout: engines finish them at
         # different times, and the rendezvous below must not wait that long under timeout_s.
         self.run(dist.prepare, device=cfg.device, extra_path=tuple(cfg.extra_path), env=env,
                  deterministic=cfg.deterministic, what="importing torch and megatron-core",
                  timeout=cfg.start_timeout_s)
-        # Rendezvous on engine 0's host; engine 0 holds the port from the moment the OS gives it.
+        # Rendezvous on rank 0's host (MASTER_ADDR in env overrides its address, for a host with several networks);
+        # rank 0 holds the port from the moment the OS gives it.
         single_host = len({p["node"] for p in self._procs}) == 1
-        addr = "127.0.0.1" if single_host else self._procs[0]["address"]
+        addr = "127.0.0.1" if single_host else (env.get("MASTER_ADDR") or self._procs[0]["address"])
         port = self._call(0, dist.open_store, world=cfg.engines, timeout_s=cfg.timeout_s, port=self.port,
                           what="opening the rendezvous store")
         self.rendezvous = (addr, port)
         self.info = self.run(dist.setup, per_rank=lambda r: dict(
             rank=r, world=cfg.engines, master_addr=addr, master_port=port, device=cfg.device, tp=cfg.tp,
             timeout_s=cfg.timeout_s, extra_path=tuple(cfg.extra_path), env=env,
-            deterministic=cfg.deterministic), what="init_process_group + parallel_state")
+            deterministic=cfg.deterministic, local_rank=self._procs[r]["local_rank"],
+            local_world=self._procs[r]["local_world"]), what="init_process_group + parallel_state")
         self.timings["process_group_s"] = time.perf_counter() - t1
         self.health_check()
+
+    def _place(self, procs: list[dict]) -> None:
+        """Ranks from where the engines run (`procs[i]` is engine `engine_ids[i]`'s dist.identify): one node's ranks
+        contiguous, each engine's local rank (its GPU) its index on its node. Reorders engine_ids, the view and
+        the process table into rank order."""
+        placed = assign_ranks([(eid, p["node"]) for eid, p in zip(self.engine_ids, procs)],
+                              {eid: r for eid, p in zip(self.engine_ids, procs)
+                               if (r := _launcher_rank(p.get("launcher_env") or {})) is not None})
+        by_id = dict(zip(self.engine_ids, procs))
+        self.engine_ids = [pl["engine"] for pl in placed]
+        self._procs = [dict(by_id[pl["engine"]], **pl) for pl in placed]
+        self.view = self.client.direct_view(targets=self.engine_ids)
+        self.view.block = True
+        nodes = Counter(p["node"] for p in self._procs)
+        if len(nodes) > 1:
+            logger.info("engines on %d nodes: %s", len(nodes), ", ".join(f"{n} ({k})" for n, k in nodes.items()))
+
+    @property
+    def placement(self) -> list[dict]:
+        """Per rank: engine id, node, local_rank (its GPU on cuda), local_world (engines on its node), address, pid,
+        and `launcher_env` (what the launcher told the process: OMPI_COMM_WORLD_RANK, SLURM_PROCID, ...)."""
+        keys = ("rank", "engine", "node", "local_rank", "local_world", "address", "pid", "launcher_env")
+        return [{k: p.get(k) for k in keys} for p in self._procs]
 
     def health_check(self) -> list[dict]:
         from . import dist
@@ -681,9 +724,135 @@ def _reap(owner_pid: int, profile_dir: str, poll_s: float = 0.5) -> None:
     shutil.rmtree(profile_dir, ignore_errors=True)
 
 
+def assign_ranks(engines: list[tuple[int, str]], launcher_ranks: dict[int, int] | None = None) -> list[dict]:
+    """Rank order for engines given as (engine id, node): the ranks of one node are contiguous, the node of the first
+    engine comes first (so that engine is rank 0, as on one machine), the other nodes by name, and engines keep their
+    order within a node. local_rank is the engine's index on its node (its GPU there), local_world the engines on
+    that node.
+
+    "Order" is the engine id, or the rank the launcher gave each process (`launcher_ranks`: engine id → MPI rank or
+    SLURM_PROCID) when every engine has a distinct one: ids follow registration, and an engine that asks for its MPI
+    rank as id gets another one while the hub still holds an engine of that id (after a restart).
+    """
+    if not engines:
+        return []
+    lr = launcher_ranks or {}
+    use_lr = len({lr.get(eid) for eid, _ in engines} - {None}) == len(engines)
+
+    def order(e):
+        return (lr[e[0]], e[0]) if use_lr else (e[0],)
+
+    first = min(engines, key=order)[1]
+    counts = Counter(node for _, node in engines)
+    seen: Counter = Counter()
+    placed = []
+    for rank, (eid, node) in enumerate(sorted(engines, key=lambda e: (e[1] != first, e[1], order(e)))):
+        placed.append(dict(rank=rank, engine=eid, node=node, local_rank=seen[node], local_world=counts[node]))
+        seen[node] += 1
+    return placed
+
+
+def _launcher_rank(env: dict) -> int | None:
+    """The rank mpiexec (Open MPI, PMIx, MPICH/PMI) or srun gave a process, from dist.launcher_env; None if none."""
+    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if str(env.get(key, "")).isdigit():
+            return int(env[key])
+    return None
+
+
+def _registered(client, ids=None) -> set[tuple[int, str]]:
+    """(engine id, uuid) of the engines registered now (or of `ids`): an id alone can come back (mpiexec engines ask
+    for their MPI rank) once the hub has dropped the engine that had it."""
+    engines = getattr(client, "_engines", {})
+    return {(eid, str(engines.get(eid, ""))) for eid in (client.ids if ids is None else ids)}
+
+
+def profile_parent(cfg: ClusterConfig) -> str | None:
+    """Directory for the private profile: cfg.profile_root, else the temp dir on one machine and ~/.moe_lab/ipp
+    for launchers whose engines run elsewhere (a Slurm node's /tmp is its own; home is shared)."""
+    if not cfg.profile_root and cfg.launcher == "local":
+        return None
+    root = os.path.expanduser(cfg.profile_root or SHARED_PROFILE_ROOT)
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+_LAUNCHER_COMMAND = {"mpi": ("mpi_cmd", "install Open MPI or MPICH (e.g. apt-get install openmpi-bin) or set "
+                                        "launcher_options['mpi_cmd']"),
+                     "slurm": ("submit_command", "run on a Slurm login node, or set launcher_options['submit_command']"),
+                     "ssh": ("ssh_cmd", "install an ssh client, or set launcher_options['ssh_cmd']")}
+
+
+def launcher_settings(cfg: ClusterConfig) -> dict:
+    """Keyword arguments of ipyparallel's Cluster for cfg.launcher: engines=<launcher>, a traitlets Config from
+    launcher_options, and, for engines on other hosts, a controller listening on every interface.
+
+    Each option is checked against the traits of the class it names (traitlets would ignore a misspelt name), and
+    the launcher's command (mpiexec, sbatch, ssh) must be on PATH: bad input fails here, before anything starts.
+    """
+    from ipyparallel.cluster import launcher as ipl
+    from traitlets.config import Config
+
+    engine_cls = ipl.find_launcher_class(cfg.launcher, "engine")
+    conf = Config()
+    for key, value in cfg.launcher_options.items():
+        cls_name, _, trait = key.rpartition(".")
+        cls = _ipp_class(cls_name, key) if cls_name else engine_cls
+        traits = cls.class_traits(config=True)
+        if trait not in traits:
+            raise ValueError(f"launcher_options[{key!r}]: {cls.__name__} has no setting {trait!r}; "
+                             f"its settings are {', '.join(sorted(traits))}")
+        conf[cls.__name__][trait] = value
+    mine = conf[engine_cls.__name__] if engine_cls.__name__ in conf else {}
+    if cfg.launcher in _LAUNCHER_COMMAND:
+        trait, fix = _LAUNCHER_COMMAND[cfg.launcher]
+        cmd = mine.get(trait) or engine_cls.class_traits()[trait].default()
+        if not shutil.which(cmd[0]):
+            raise ValueError(f"launcher ({cfg.launcher!r}) runs {cmd[0]!r}, which is not on PATH: {fix}")
+    if cfg.launcher == "mpi":
+        import importlib.util
+
+        if importlib.util.find_spec("mpi4py") is None:
+            raise ValueError("launcher ('mpi') starts `ipengine --mpi`, which imports mpi4py: "
+                             f"{sys.executable} -m pip install mpi4py")
+    if cfg.launcher == "ssh":
+        _check_ssh_hosts(mine.get("engines"), cfg.engines)
+    kwargs: dict = dict(engines=cfg.launcher, config=conf)
+    if cfg.launcher != "local" and not ("Cluster" in conf and "controller_ip" in conf["Cluster"]):
+        kwargs["controller_ip"] = "*"  # engines on other hosts connect to it; the key in the profile signs messages
+    return kwargs
+
+
+def _ipp_class(name: str, key: str):
+    import ipyparallel as ipp
+    from ipyparallel.cluster import launcher as ipl
+
+    cls = ipp.Cluster if name == "Cluster" else getattr(ipl, name, None)
+    if not isinstance(cls, type) or not hasattr(cls, "class_traits"):
+        raise ValueError(f"launcher_options[{key!r}]: {name!r} is neither ipyparallel's Cluster nor one of its "
+                         "launcher classes (e.g. 'Cluster.controller_ip', 'MPILauncher.mpi_args')")
+    return cls
+
+
+def _check_ssh_hosts(hosts, engines: int) -> None:
+    """ipyparallel's ssh launcher starts engines only where launcher_options['engines'] puts them."""
+    if not isinstance(hosts, dict) or not hosts:
+        raise ValueError("launcher ('ssh') needs launcher_options['engines'] = {host: engines on it}, "
+                         "e.g. {'gpu-a': 8, 'gpu-b': 8}")
+    placed = 0
+    for host, n in hosts.items():
+        n = n.get("n", 1) if isinstance(n, dict) else n
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"launcher_options['engines'][{host!r}] ({n!r}) must be a positive number of engines")
+        placed += n
+    if placed != engines:
+        raise ValueError(f"launcher_options['engines'] places {placed} engines on {len(hosts)} host(s), "
+                         f"but engines is {engines}: make them equal")
+
+
 def env_pairs(d: dict | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in (d or {}).items()))
 
 
 __all__ = ["Cluster", "ClusterError", "default_config", "visible_gpus", "env_pairs", "cluster_processes",
-           "kill_cluster_processes"]
+           "kill_cluster_processes", "assign_ranks", "launcher_settings"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -9,6 +10,7 @@ DISPATCHERS = ("allgather", "alltoall")
 ROUTER_DTYPES = ("none", "fp32", "fp64")
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICES = ("cpu", "cuda")
+LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (its entry-point names)
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -117,9 +119,30 @@ class ClusterConfig:
     """Directories put first on the engines' sys.path (a megatron-core release from `moe-lab versions`)."""
     env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     """Extra environment variables for the engines."""
+    launcher: str = "local"
+    """How ipyparallel starts the engines: 'local' (processes on this machine), 'mpi' (mpiexec; engines need
+    mpi4py), 'slurm' (an sbatch job of `srun` engines), 'ssh' (engines on the hosts of `launcher_options['engines']`).
+    Ranks are grouped by node, the GPU of each engine is its index among the engines on its node, and the process
+    group meets on rank 0's host."""
+    launcher_options: dict = field(default_factory=dict, hash=False)
+    """ipyparallel settings for the launcher, checked against its traits when the cluster starts: a plain key is a
+    trait of the engine-set launcher (mpi: mpi_args, mpi_cmd; slurm: queue, account, timelimit, batch_template;
+    ssh: engines, ssh_args, remote_python; any: environment), 'Class.trait' any ipyparallel class
+    (e.g. 'Cluster.controller_ip')."""
+    profile_root: str = ""
+    """Where the cluster's private ipyparallel profile is made: '' = the temp dir for 'local', ~/.moe_lab/ipp for the
+    other launchers (engines on other hosts need it on a shared file system; ssh creates it on each host)."""
 
     def __post_init__(self):
         _choice("device", self.device, DEVICES)
+        _choice("launcher", self.launcher, LAUNCHERS)
+        opts = self.launcher_options
+        if not isinstance(opts, dict) or not all(isinstance(k, str) and k for k in opts):
+            raise ValueError(f"launcher_options ({opts!r}) must be a dict of ipyparallel setting names to values, "
+                             "e.g. {'mpi_args': ['--oversubscribe']}")
+        object.__setattr__(self, "launcher_options", copy.deepcopy(opts))  # frozen: the caller's dict can't change it
+        if not isinstance(self.profile_root, str):
+            raise ValueError(f"profile_root ({self.profile_root!r}) must be a directory path (str), or '' for the default")
         _positive("engines", self.engines)
         _positive("tp", self.tp)
         if self.engines % self.tp:

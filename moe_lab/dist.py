@@ -17,6 +17,9 @@ logger = logging.getLogger(__name__)
 
 # Engine-process state. `rank` is the torch.distributed rank, never the ipyparallel engine id.
 STATE: dict = {}
+# What a launcher tells each process it starts (mpiexec: Open MPI / MPICH / PMIx; srun: Slurm): reported by identify.
+LAUNCHER_ENV = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
+                "PMIX_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "CUDA_VISIBLE_DEVICES")
 
 
 def free_port() -> int:
@@ -40,7 +43,13 @@ def identify(stack_file: str | None = None) -> dict:
         if old is not None:
             old.close()
     return {"pid": os.getpid(), "node": platform.node(), "address": host_address(),
-            "main_thread": threading.main_thread().ident, "stack_file": stack_file}
+            "main_thread": threading.main_thread().ident, "stack_file": stack_file,
+            "launcher_env": launcher_env()}
+
+
+def launcher_env() -> dict:
+    """The variables a launcher set for this process (see LAUNCHER_ENV): shows how the engine was started."""
+    return {k: os.environ[k] for k in LAUNCHER_ENV if k in os.environ}
 
 
 def open_store(*, world: int, timeout_s: float, port: int = 0) -> int:
@@ -61,12 +70,30 @@ def open_store(*, world: int, timeout_s: float, port: int = 0) -> int:
 
 
 def host_address() -> str:
-    """An address of this host that other engines can reach (loopback on a single machine)."""
-    name = socket.gethostname()
+    """An address of this host that engines on other hosts can reach: the host name's address, unless that is
+    loopback (Debian maps the host name to 127.0.1.1 in /etc/hosts), then the first IPv4 address of an interface
+    that is up and not loopback. Nothing is sent to find it. 127.0.0.1 when there is none."""
     try:
-        return socket.gethostbyname(name)
+        addr = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        addr = ""
+    if addr and not addr.startswith("127."):
+        return addr
+    return _interface_address() or "127.0.0.1"
+
+
+def _interface_address() -> str | None:
+    import psutil
+
+    stats = psutil.net_if_stats()
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        if name == "lo" or name.startswith(("docker", "veth", "virbr", "br-")) or not getattr(
+                stats.get(name), "isup", False):
+            continue
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
 
 
 def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> float:
@@ -93,8 +120,13 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
 
 
 def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, tp: int,
-          timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> dict:
-    """Join the process group (nccl on cuda, gloo on cpu) and set up megatron parallel_state (EP = world/tp)."""
+          timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False,
+          local_rank: int | None = None, local_world: int | None = None) -> dict:
+    """Join the process group (nccl on cuda, gloo on cpu) and set up megatron parallel_state (EP = world/tp).
+
+    `local_rank` / `local_world`: this engine's index among the engines on its node, and how many run there (the
+    controller knows them from every engine's node); the GPU follows from them. Without them, rank % GPUs (one node).
+    """
     t0 = time.perf_counter()
     prepare(device=device, extra_path=extra_path, env=env, deterministic=deterministic)
     import torch
@@ -103,12 +135,10 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
     from . import compat
 
     if device == "cuda":
-        n_gpu = torch.cuda.device_count()
-        local_rank = rank % max(n_gpu, 1)
-        if n_gpu == 0:
-            raise RuntimeError(f"rank {rank}: device='cuda' but torch sees no GPU on {platform.node()}")
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
+        gpu = gpu_index(rank=rank, local_rank=local_rank, local_world=local_world, n_gpu=torch.cuda.device_count())
+        torch.cuda.set_device(gpu)
+        dev = torch.device("cuda", gpu)
+        local_rank = gpu
         backend = "nccl"
         compat.fix_missing_te()
     else:
@@ -116,7 +146,7 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         compat.apply_cpu_shims()
         dev = torch.device("cpu")
         backend = "gloo"
-        local_rank = rank
+        local_rank = rank if local_rank is None else local_rank
     timeout = datetime.timedelta(seconds=timeout_s)
     store = STATE.pop("store", None) if rank == 0 else None
     if store is None or store.port != master_port:  # rank 0 normally holds the store from open_store()
@@ -132,6 +162,23 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
     info = describe()
     info.update(t_process_group_s=t_pg, t_setup_s=time.perf_counter() - t0)
     return info
+
+
+def gpu_index(*, rank: int, local_rank: int | None, local_world: int | None, n_gpu: int) -> int:
+    """The GPU of this engine among the `n_gpu` it sees: its local rank when its node has a GPU per engine; 0 when
+    the launcher gave each engine one GPU of its own (e.g. `srun --gpus-per-task=1`: each sees one);
+    rank % GPUs without a local rank (one node). Anything else is refused, naming the node."""
+    node = platform.node()
+    if n_gpu == 0:
+        raise RuntimeError(f"rank {rank}: device='cuda' but torch sees no GPU on {node}")
+    if local_rank is None:
+        return rank % n_gpu
+    if n_gpu >= (local_world or 1):
+        return local_rank
+    if n_gpu == 1:
+        return 0
+    raise RuntimeError(f"rank {rank}: {local_world} engines run on {node} but this engine sees {n_gpu} GPUs: "
+                       "start at most one engine per GPU on each node")
 
 
 def init_parallel_state(*, tp: int, ep: int) -> None:
@@ -174,6 +221,7 @@ def describe() -> dict:
         "device": STATE.get("device"),
         "gpu": gpu,
         "host": STATE.get("host"),
+        "local_rank": STATE.get("local_rank"),
         "pid": os.getpid(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -6,12 +6,13 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .config import DISPATCHERS, ROUTER_DTYPES, ClusterConfig, MoEConfig
+from .config import DISPATCHERS, LAUNCHERS, ROUTER_DTYPES, ClusterConfig, MoEConfig
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
-                           "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic"}
+                           "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic", "launcher",
+                           "launcher_options", "start_timeout_s"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -69,12 +70,18 @@ def check(params: dict, where: str = "parameters") -> None:
         raise ValueError(f"{where}: repeats ({params.get('repeats')!r}) must be a positive integer")
     if params.get("device") not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
-    t = params.get("timeout_s", 120)
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
-        raise ValueError(f"{where}: timeout_s ({t!r}) must be a positive number of seconds")
+    for key in ("timeout_s", "start_timeout_s"):
+        t = params.get(key, 120)
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
+            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds")
     e = params.get("engines", 0)
     if not isinstance(e, int) or isinstance(e, bool) or e < 0:
         raise ValueError(f"{where}: engines ({e!r}) must be a positive integer (0 = one per GPU)")
+    if params.get("launcher", "local") not in LAUNCHERS:
+        raise ValueError(f"{where}: launcher ({params['launcher']!r}) must be one of {', '.join(map(repr, LAUNCHERS))}")
+    if not isinstance(params.get("launcher_options", {}), dict):
+        raise ValueError(f"{where}: launcher_options ({params['launcher_options']!r}) must be a JSON object of "
+                         "ipyparallel settings, e.g. {\"mpi_args\": [\"--oversubscribe\"]}")
     cut, seq = params.get("cut", 90), params["seq_len"]
     if not isinstance(cut, int) or not 0 < cut < seq:
         raise ValueError(f"{where}: cut ({cut!r}) must be an integer in 1..seq_len-1 ({seq - 1})")
@@ -89,12 +96,18 @@ def base_moe(params: dict, **changes) -> MoEConfig:
 
 
 def cluster_config(params: dict) -> ClusterConfig:
-    from .cluster import default_config
+    """The profile's cluster; a launcher and its options are checked here, before any notebook starts."""
+    from .cluster import default_config, launcher_settings
 
     extra = ()
     if params.get("megatron"):
         from . import versions
 
         extra = (str(versions.path_for(params["megatron"])),)
-    return default_config(device=params["device"], engines=params.get("engines") or None,
-                          timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1), extra_path=extra)
+    ccfg = default_config(device=params["device"], engines=params.get("engines") or None,
+                          timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1), extra_path=extra,
+                          start_timeout_s=float(params.get("start_timeout_s", 120)),
+                          launcher=params.get("launcher", "local"),
+                          launcher_options=params.get("launcher_options") or {})
+    launcher_settings(ccfg)
+    return ccfg
