@@ -26,7 +26,7 @@ for step in ${STEPS//,/ }; do
   fi
 done
 has bench && python3 -m moe_lab.bench --device cuda --seed-report --repeats "${BENCH_REPEATS:-3}" \
-  --json "$OUT/bench_gpu.json" 2>&1 | grep -v "Warn\|warn" | tee "$OUT/bench_gpu.txt" | tail -30
-has pytest && python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s 2>&1 | grep -v "Warn\|warn" \
+  --json "$OUT/bench_gpu.json" 2>&1 | grep -v "warnings.warn(\|Warning: " | tee "$OUT/bench_gpu.txt" | tail -30
+has pytest && python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s 2>&1 | grep -v "warnings.warn(\|Warning: " \
   | tee "$OUT/pytest_gpu.log" | tail -15
 exit 0
