@@ -348,6 +348,22 @@ def run(device: str | None = "cpu", engines: int | None = None, config: MoEConfi
     return result
 
 
+def capture_overhead(device: str | None = "cpu", engines: int | None = None, config: MoEConfig | None = None,
+                     rounds: int = 40, timeout_s: float = 300.0) -> dict:
+    """Only the capture-overhead part of the bench, with more rounds: one cluster, `rounds` paired rounds of the four
+    capture modes (plain first in rotation), the seed report's layer on cuda. For resolving a few-% overhead."""
+    from .cluster import Cluster, default_config
+
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 2:
+        raise ValueError(f"rounds ({rounds!r}) must be an integer >= 2")
+    ccfg = default_config(device=device, engines=engines, timeout_s=timeout_s)
+    config = config or (MoEConfig.seed_report() if ccfg.device == "cuda" else MoEConfig())
+    base = config.replace(dispatcher="allgather", router_dtype="none", deterministic=False)
+    with Cluster(ccfg) as c:
+        cap = c.run(time_capture, base.asdict(), repeats=rounds, what="bench capture overhead")
+        return {"machine": _machine(c.summary()), "capture": _capture(cap, base), "rounds": rounds}
+
+
 def _memory(per_rank: list[dict]) -> dict:
     return {"per_rank": per_rank, "max_rss_bytes": max(m["max_rss_bytes"] for m in per_rank),
             "cuda_max_allocated_bytes": max((m["cuda_max_allocated_bytes"] or 0) for m in per_rank) or None}
@@ -563,6 +579,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="4 configs, 1 repeat, the small layer unless --seed-report (CI; a short GPU run)")
     p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for every engine call and collective")
+    p.add_argument("--capture-only", type=int, default=None, metavar="ROUNDS",
+                   help="only the capture overhead, from ROUNDS paired rounds (no fresh spawns)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
                    help="write the result as JSON to OUT ('-': stdout, the table then goes to stderr)")
     return p
@@ -571,6 +589,18 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def cmd(a: argparse.Namespace) -> int:
     """Run the bench for parsed arguments: table on stdout, JSON to --json; exit 1 if the two paths disagree."""
     config = MoEConfig.seed_report() if a.seed_report else None
+    if a.capture_only is not None:
+        res = capture_overhead(device=a.device, engines=a.engines, config=config, rounds=a.capture_only,
+                               timeout_s=a.timeout)
+        text = json.dumps(res, indent=2, default=str)
+        cap = res["capture"]
+        for mode, pct in cap["paired_overhead_pct"].items():
+            print(f"{mode:22s} {cap['forward_ms'][mode]:9.2f} ms  per round {pct:+8.1f} % "
+                  f"(interquartile range {cap['paired_iqr_pct'][mode]:.1f} %), {res['rounds']} rounds, {cap['config']}")
+        print(f"plain                  {cap['forward_ms']['plain']:9.2f} ms")
+        if a.json_out:
+            Path(a.json_out if a.json_out != "-" else "/dev/stdout").write_text(text + "\n")
+        return 0
     res = run(device=a.device, engines=a.engines, config=config, repeats=a.repeats, quick=a.quick, cut=a.cut,
               timeout_s=a.timeout)
     table = format_table(res)

@@ -34,3 +34,10 @@ def test_capture_overhead_from_rounds_cancels_drift_between_rounds():
     p = bench._paired([{"times_s": t}, {"times_s": slow_rank}])  # round 1 is bounded by the slow rank, in every mode
     assert round(p["paired_overhead_pct"]["fingerprint"], 6) == 2.0 and p["paired_iqr_pct"]["fingerprint"] < 1e-9
     assert p["paired_overhead_pct"]["capture_fingerprints"] == 100.0 and p["rounds"] == 4
+
+
+def test_capture_only_checks_rounds_before_starting_anything():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"rounds \(1\) must be an integer >= 2"):
+        bench.capture_overhead(device="cpu", rounds=1)
