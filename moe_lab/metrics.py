@@ -120,35 +120,141 @@ def ulp_histogram(a: torch.Tensor, b: torch.Tensor) -> dict[int, int]:
     return {int(v): int(c) for v, c in zip(vals.tolist(), counts.tolist())}
 
 
-_FP_WEIGHTS: dict = {}
+# ---------------------------------------------------------------------------------------------- fingerprint
+#
+# h_lane = sum_p word[p] * w_lane(p) mod 2**64, two lanes. The tensor's bits are read as a stream of words of at most
+# 32 bits (one per element; two per 64-bit element, low half first). Differences whose words all differ by multiples
+# of 2**t (t <= 31: fp32 sign bits only; t <= 15 for 16-bit formats) escape a lane with a chance ~2**-(64 - t), ~2**-64
+# for typical ones; a single differing word always moves both lanes (odd weights). Whole 64-bit words would let
+# 2**63 steps cancel in pairs (fp64 x and -x collided in the former hash). Word p's weight is odd and factored
+# over blocks of FP_BLOCK words: w(p) = W[p mod FP_BLOCK] * M[p div FP_BLOCK], with W[j] = splitmix64(seed, j + 1) | 1
+# and M[r] = splitmix64(seed, _FP_ROW_BASE + r + 1) | 1 (splitmix64(seed, k): its finaliser applied to
+# seed + k * golden gamma), computed on the tensor's device from the index. Each block is reduced with the column
+# weights W, then the blocks' sums are combined with their multipliers M: one multiply and one add per word, as with
+# precomputed per-element weights, and nothing of the tensor's size is allocated. W and the first _FP_TABLE_ROWS
+# multipliers (1.06 MiB) are made once per device and kept: that saves ~20 kernel launches per call on small tensors.
+
+_M64 = (1 << 64) - 1
 
 
-def _weights(n: int, device) -> torch.Tensor:
-    key = (n, str(device))
-    w = _FP_WEIGHTS.get(key)
-    if w is None:
-        g = torch.Generator().manual_seed(0x5EED)
-        # Odd 62-bit multipliers, one per position, two lanes: a collision needs both sums to agree.
-        w = (torch.randint(0, 2**62, (2, n), generator=g, dtype=torch.int64) | 1).to(device)
-        _FP_WEIGHTS.clear()  # keep one size cached: the lab fingerprints same-shaped stages in a row
-        _FP_WEIGHTS[key] = w
-    return w
+def _s64(v: int) -> int:
+    """An integer modulo 2**64 as the signed int64 that holds its bits (two's complement)."""
+    v &= _M64
+    return v - (1 << 64) if v >> 63 else v
 
 
-def fingerprint(x: torch.Tensor) -> str:
-    """A hash of the tensor's bytes computed where the tensor lives (GPU or CPU): 32 hex chars + dtype/shape.
+_SM_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment (odd: index → state is a bijection modulo 2**64)
+_SM_C1 = 0xBF58476D1CE4E5B9
+_SM_C2 = 0x94D049BB133111EB
+_FP_SEEDS = (0x5EED0F1A6E2B7C3D, 0xC0FFEE1234ABCD57)
+"""One splitmix64 seed per lane."""
+_FP_ROW_BASE = 1 << 62
+"""Row multipliers come from the same stream as the column weights, from this index on (never reached by columns)."""
+FP_BLOCK = 1 << 16
+"""Words per block (part of the hash: changing it changes every fingerprint). Even: no 64-bit element straddles."""
+FP_CHUNK = 1 << 22
+"""Words processed at once on an accelerator (results do not depend on it; extra memory 16 B per word of it: 64 MiB)."""
+FP_CHUNK_CPU = 1 << 18
+"""Words processed at once on the CPU: the [chunk x 2] int64 products stay in cache (4 MiB; 6 MiB peak in all)."""
+_FP_TABLE_ROWS = 1 << 12
+"""Row multipliers kept per device (blocks beyond, past 2**28 words, get theirs computed per call)."""
+_FP_TABLES: dict = {}
+"""device → ((FP_BLOCK, _FP_TABLE_ROWS), [2, FP_BLOCK + _FP_TABLE_ROWS] int64 table: W, then the first row
+multipliers). One table per device."""
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 holding uint64 bits: arithmetic shift, then clear the copied sign bits."""
+    return (z >> k).bitwise_and_((1 << (64 - k)) - 1)
+
+
+def _splitmix64(k: torch.Tensor, seeds=_FP_SEEDS) -> torch.Tensor:
+    """[len(seeds), len(k)] int64: splitmix64's output number k from each seed, i.e. mix(seed + k * gamma) modulo
+    2**64 (bits as int64; torch's int64 add and multiply wrap). `k`: 1-D int64 indices on the target device."""
+    z = k.to(torch.int64) * _s64(_SM_GAMMA)
+    z = torch.stack([z + _s64(s) for s in seeds])
+    z ^= _shr(z, 30)
+    z.mul_(_s64(_SM_C1))
+    z ^= _shr(z, 27)
+    z.mul_(_s64(_SM_C2))
+    z ^= _shr(z, 31)
+    return z
+
+
+def _fp_weights(width: int, rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column weights [2, width] (width <= FP_BLOCK) and row multipliers [2, rows], odd int64, on `device`."""
+    dims, table = _FP_TABLES.get(str(device), (None, None))
+    if dims != (FP_BLOCK, _FP_TABLE_ROWS):
+        k = torch.arange(1, FP_BLOCK + _FP_TABLE_ROWS + 1, dtype=torch.int64, device=device)
+        k[FP_BLOCK:] += _FP_ROW_BASE - FP_BLOCK
+        table = _splitmix64(k).bitwise_or_(1)  # odd: a single differing word always moves both lanes
+        _FP_TABLES[str(device)] = ((FP_BLOCK, _FP_TABLE_ROWS), table)
+    row = table[:, FP_BLOCK:FP_BLOCK + rows]
+    if rows > _FP_TABLE_ROWS:
+        k = torch.arange(_FP_ROW_BASE + _FP_TABLE_ROWS + 1, _FP_ROW_BASE + rows + 1, dtype=torch.int64, device=device)
+        row = torch.cat((row, _splitmix64(k).bitwise_or_(1)), dim=1)
+    return table[:, :width], row
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_UNSIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _bit_view(x: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as an integer tensor of the same shape and strides (no copy), one word per element unless
+    int64 (two words): float formats as their int view, other floats (fp8 and friends) as same-size ints (bytes
+    for one-byte types), complex as its real view, bool and integer values as they are (unsigned as signed)."""
+    if x.dtype in _FORMATS:
+        return x.view(_FORMATS[x.dtype][0])
+    if x.is_complex():
+        return _bit_view(torch.view_as_real(x))
+    if x.is_floating_point():
+        return x.view(_SAME_SIZE_INT[x.element_size()])
+    return x.view(_UNSIGNED_VIEW[x.dtype]) if x.dtype in _UNSIGNED_VIEW else x
+
+
+def fingerprint(x: torch.Tensor, *, chunk: int | None = None) -> str:
+    """A hash of the tensor's bits computed where the tensor lives (GPU or CPU): 32 hex chars + dtype/shape.
 
     Two tensors get the same fingerprint iff (up to a 2**-64-ish collision chance) their bits are equal, so
     ranks can compare stages by exchanging 16 bytes instead of the tensor. int64 sums wrap modulo 2**64.
+    Memory layout does not matter (non-contiguous views are read in chunks, never copied whole); extra memory is
+    bounded by the chunk (`chunk` words at a time, default FP_CHUNK_CPU on the CPU, FP_CHUNK elsewhere; the result
+    does not depend on it), 16 B (CUDA) to 24 B (CPU) per word of it, plus 16 B per FP_BLOCK words; weights are
+    derived on the device from each word's index (a 1.06 MiB table per device is kept, whatever the sizes).
     """
-    x = x.detach().contiguous()
-    if x.dtype in _FORMATS:
-        bits = x.view(_FORMATS[x.dtype][0]).reshape(-1).to(torch.int64)
-    elif x.is_floating_point() or x.is_complex():  # fp8 and friends: hash the bytes, never the values
-        bits = x.reshape(-1).view(torch.uint8).to(torch.int64)
-    else:  # bool and integer values are their bits
-        bits = x.reshape(-1).to(torch.int64)
-    w = _weights(bits.numel(), bits.device)
-    h = (bits.unsqueeze(0) * w).sum(dim=1)
-    lanes = [int(v) & (2**64 - 1) for v in h.tolist()]
+    x = x.detach()
+    v = _bit_view(x)
+    wide = v.element_size() == 8  # 64-bit elements: two 32-bit words each
+    contiguous = v.is_contiguous()
+    flat = v.reshape(-1) if contiguous else v
+    dev = v.device
+    n_words = v.numel() * (2 if wide else 1)
+    width = min(FP_BLOCK, n_words)
+    rows = -(-n_words // width) if width else 0
+    if chunk is None:
+        chunk = FP_CHUNK_CPU if dev.type == "cpu" else FP_CHUNK
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ValueError(f"chunk ({chunk!r}) must be a positive integer")
+    if not rows:
+        h = torch.zeros(2, dtype=torch.int64)
+    else:
+        col, row = _fp_weights(width, rows, dev)  # [2, width] column weights, [2, rows] row multipliers
+        step = min(rows, max(1, -(-chunk // width)))  # rows per chunk
+        prod = torch.empty(step, 2, width, dtype=torch.int64, device=dev)
+        sums = torch.empty(rows, 2, dtype=torch.int64, device=dev)
+        for r0 in range(0, rows, step):
+            r1 = min(rows, r0 + step)
+            a, b = r0 * width, min(r1 * width, n_words)  # words [a, b); a and b are even when wide
+            if wide:
+                a, b = a // 2, b // 2
+            e = flat[a:b] if contiguous else torch.take(v, torch.arange(a, b, dtype=torch.int64, device=dev))
+            if wide:
+                e = torch.stack((e & 0xFFFFFFFF, e >> 32), dim=-1).reshape(-1)
+            if e.numel() < (r1 - r0) * width:  # the last row: zero words add nothing
+                e = torch.cat((e, e.new_zeros((r1 - r0) * width - e.numel())))
+            torch.mul(e.view(r1 - r0, 1, width), col, out=prod[: r1 - r0])
+            torch.sum(prod[: r1 - r0], dim=-1, out=sums[r0:r1])
+        h = (sums * row.T).sum(dim=0)
+    lanes = [int(lane) & _M64 for lane in h.tolist()]
     return f"{lanes[0]:016x}{lanes[1]:016x}:{str(x.dtype).removeprefix('torch.')}:{'x'.join(map(str, x.shape))}"

@@ -442,11 +442,12 @@ def test_fingerprint_format():
 
 
 def test_fingerprint_equal_tensors_equal_strings():
-    """Equal bits → equal fingerprints, also across copies and after the weight cache was evicted."""
+    """Equal bits → equal fingerprints, also across copies and with other sizes fingerprinted in between."""
     x = _big_bf16()
     fp = metrics.fingerprint(x)
     assert metrics.fingerprint(x.clone()) == fp
-    metrics.fingerprint(torch.zeros(7, dtype=BF16))  # another size evicts the cached weights
+    metrics.fingerprint(torch.zeros(7, dtype=BF16))
+    metrics.fingerprint(torch.zeros(3 * metrics.FP_BLOCK + 1, dtype=FP64))
     assert metrics.fingerprint(x.clone()) == fp
 
 
@@ -533,3 +534,214 @@ def test_fingerprint_other_float_dtype_uses_bits():
     b = torch.tensor([0.5, 0.25]).to(torch.float8_e4m3fn)
     assert not torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     assert metrics.fingerprint(a) != metrics.fingerprint(b)
+
+
+# ---- the hash itself, against a pure-Python reference (integers modulo 2**64) ----------------------------------
+
+M64 = 2**64 - 1
+
+
+def py_splitmix64(seed: int, k: int) -> int:
+    """splitmix64's k-th output from `seed`, as published (Steele, Lea, Flood 2014; Vigna's splitmix64.c)."""
+    z = (seed + k * 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def py_words(x: torch.Tensor) -> list[int]:
+    """The word stream by hand: each element's bits as a signed integer (its own width; bytes for fp8, 0/1 for bool),
+    64-bit elements as (low 32 bits unsigned, high 32 bits signed)."""
+    if x.is_complex():
+        x = torch.view_as_real(x)
+    view = {BF16: torch.int16, FP16: torch.int16, FP32: torch.int32, FP64: torch.int64,
+            torch.float8_e4m3fn: torch.uint8, torch.float8_e5m2: torch.uint8}.get(x.dtype)
+    vals = [int(v) for v in (x.contiguous().view(view) if view else x.contiguous()).reshape(-1).tolist()]
+    if x.element_size() == 8:
+        return [w for v in vals for w in (v & 0xFFFFFFFF, v >> 32)]
+    return vals
+
+
+def py_fingerprint(x: torch.Tensor, block: int) -> str:
+    """h_lane = sum_p word[p] * (W[p mod block] * M[p div block]) mod 2**64, W/M odd splitmix64 outputs."""
+    lanes = []
+    for seed in metrics._FP_SEEDS:
+        h = 0
+        for p, w in enumerate(py_words(x)):
+            wcol = py_splitmix64(seed, p % block + 1) | 1
+            wrow = py_splitmix64(seed, metrics._FP_ROW_BASE + p // block + 1) | 1
+            h = (h + w * wcol * wrow) & M64
+        lanes.append(h)
+    return f"{lanes[0]:016x}{lanes[1]:016x}:{str(x.dtype).removeprefix('torch.')}:{'x'.join(map(str, x.shape))}"
+
+
+@pytest.fixture
+def small_block(monkeypatch):
+    """Blocks of 8 words and 3 kept row multipliers: many blocks, chunks and on-the-fly multipliers on small inputs."""
+    monkeypatch.setattr(metrics, "FP_BLOCK", 8)
+    monkeypatch.setattr(metrics, "_FP_TABLE_ROWS", 3)
+    return 8
+
+
+def test_splitmix64_known_answer():
+    """The reference is splitmix64 itself: seeded with 0, its first outputs are the published 0xE220A8397B1DCDAF..."""
+    assert [py_splitmix64(0, k) for k in (1, 2, 3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+
+
+def test_splitmix64_matches_python_reference():
+    """torch's int64 ops (wrapping multiply, emulated logical shift) give the same bits as Python's mod 2**64."""
+    ks = [0, 1, 2, 3, 12345, 2**31 - 1, 2**32 + 7, 2**40 + 3, metrics._FP_ROW_BASE + 1, 2**63 - 1]
+    seeds = (*metrics._FP_SEEDS, 0, M64, 2**63)
+    got = metrics._splitmix64(torch.tensor(ks, dtype=torch.int64), seeds=seeds)
+    for lane, seed in enumerate(seeds):
+        assert [v & M64 for v in got[lane].tolist()] == [py_splitmix64(seed, k) for k in ks], hex(seed)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32, FP64, torch.float8_e4m3fn, torch.complex64, torch.bool,
+                                   torch.int8, torch.int32, torch.int64],
+                         ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("n", [1, 5, 8, 21, 61])
+def test_fingerprint_matches_python_reference(small_block, dtype, n):
+    """The whole fingerprint against the reference: every dtype branch, one to eight blocks, multipliers past the
+    kept table, 64-bit elements split in two words, any chunk size."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g) * 3e4
+    x = x > 0 if dtype == torch.bool else x.to(dtype) if dtype.is_floating_point or dtype.is_complex else \
+        (x.to(torch.int64) * 2**40 if dtype == torch.int64 else x.clamp(-100, 100).to(dtype))
+    ref = py_fingerprint(x, small_block)
+    assert metrics.fingerprint(x) == ref
+    for chunk in (1, 8, 24, 1000):
+        assert metrics.fingerprint(x, chunk=chunk) == ref
+
+
+def test_fingerprint_matches_python_reference_default_block():
+    """With the real block size: a tensor of two blocks and a bit (the second row multiplier matters)."""
+    x = torch.randn(metrics.FP_BLOCK + 3, generator=torch.Generator().manual_seed(5)).to(BF16)
+    assert metrics.fingerprint(x) == py_fingerprint(x, metrics.FP_BLOCK)
+
+
+def test_fingerprint_zero_tensor_hash_is_zero():
+    """All-zero bits contribute nothing (the shape in the string tells zero tensors apart)."""
+    assert metrics.fingerprint(torch.zeros(3, 5, dtype=BF16)) == "0" * 32 + ":bfloat16:3x5"
+
+
+# ---- layouts and chunking ---------------------------------------------------------------------------------------
+
+
+def test_fingerprint_chunk_size_does_not_matter():
+    """Whole, or in chunks of one block or of two blocks and a bit: the same string (default block)."""
+    b = metrics.FP_BLOCK
+    for dtype in (BF16, FP64):
+        x = torch.randn(3 * b + 5, generator=torch.Generator().manual_seed(6)).to(dtype)
+        fps = {metrics.fingerprint(x, chunk=c) for c in (b, 2 * b + 1, 10**9, None)}
+        assert len(fps) == 1, (dtype, fps)
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 40, None])
+def test_fingerprint_layouts_many_chunks(small_block, chunk):
+    """Non-contiguous views (transposed, strided, expanded, sliced) fingerprint like their contiguous copies, chunk
+    after chunk (read with torch.take, never copied whole)."""
+    g = torch.Generator().manual_seed(8)
+    base = torch.randn(12, 10, generator=g)
+    views = [base.to(BF16).T, base.to(FP64).T, base.to(FP32)[:, ::3], base.to(BF16)[2:9, 1:7],
+             base[0].to(BF16).expand(5, 10), base.to(torch.complex64).T, (base > 0).T,
+             base.to(torch.float8_e4m3fn).T, (base * 1e9).to(torch.int64).T]
+    for v in views:
+        assert not v.is_contiguous()
+        assert metrics.fingerprint(v, chunk=chunk) == metrics.fingerprint(v.contiguous()) == \
+            py_fingerprint(v, small_block), v.dtype
+
+
+def _flip(x: torch.Tensor, pos: int, bit: int) -> torch.Tensor:
+    iv = INT_VIEW[x.dtype]
+    y = x.clone()
+    flat = y.view(iv).view(-1)
+    flat[pos] ^= torch.tensor(1 << bit, dtype=torch.int64).to(iv) if bit < 63 else torch.tensor(-(2**63))
+    assert metrics.bitwise_mismatch(x, y).sum().item() == 1
+    return y
+
+
+def test_fingerprint_bit_flips_at_chunk_boundaries():
+    """One flipped bit at the first element, either side of a CPU chunk boundary and a block boundary, and the last
+    element changes the fingerprint (bf16; fp64 in its low and high word)."""
+    b, c = metrics.FP_BLOCK, metrics.FP_CHUNK_CPU
+    x = torch.randn(c + 5, generator=torch.Generator().manual_seed(9)).to(BF16)
+    fp = metrics.fingerprint(x)
+    for pos in (0, b - 1, b, c - 1, c, c + 4):
+        for bit in (0, 15):
+            assert metrics.fingerprint(_flip(x, pos, bit)) != fp, (pos, bit)
+    x = torch.randn(b + 3, generator=torch.Generator().manual_seed(10)).to(FP64)  # 2b + 6 words
+    fp = metrics.fingerprint(x, chunk=b)
+    for pos in (0, b // 2 - 1, b // 2, b + 2):
+        for bit in (0, 31, 32, 63):
+            assert metrics.fingerprint(_flip(x, pos, bit), chunk=b) != fp, (pos, bit)
+
+
+@pytest.mark.parametrize("bit", [0, 7, 15])
+def test_fingerprint_bit_flips_many_chunks(small_block, bit):
+    """Blocks of 8, chunks of 8: every position of 40 elements, one flipped bit each, gives 40 new fingerprints."""
+    x = torch.randn(40, generator=torch.Generator().manual_seed(11)).to(BF16)
+    fps = {metrics.fingerprint(_flip(x, pos, bit), chunk=8) for pos in range(40)}
+    assert len(fps) == 40 and metrics.fingerprint(x, chunk=8) not in fps
+
+
+def test_fingerprint_swaps_change_it():
+    """Swapping two different elements: neighbours, across a chunk, same column of two blocks (only the row
+    multiplier tells them apart), first and last."""
+    b, c = metrics.FP_BLOCK, metrics.FP_CHUNK_CPU
+    x = torch.randn(c + 7, generator=torch.Generator().manual_seed(12)).to(BF16)
+    fp = metrics.fingerprint(x)
+    for i, j in ((0, 1), (c - 1, c), (5, b + 5), (3, 3 * b + 3), (0, c + 6)):
+        assert x[i] != x[j]
+        y = x.clone()
+        y[i], y[j] = x[j], x[i]
+        assert metrics.fingerprint(y) != fp, (i, j)
+
+
+# ---- bits, not values ----------------------------------------------------------------------------------------
+
+
+NAN_BITS = {BF16: (0x7FC0, 0x7FC1, -0x40), FP16: (0x7E00, 0x7E01, -0x200),
+            FP32: (0x7FC00000, 0x7FC00001, -0x400000), FP64: (0x7FF8000000000000, 0x7FF8000000000001, -(2**51))}
+
+
+@each_dtype
+def test_fingerprint_nan_payloads_differ(dtype):
+    """Quiet NaNs with different payloads or signs are all NaN, but their bits differ, and so do the fingerprints."""
+    fps = set()
+    for nb in NAN_BITS[dtype]:
+        x = torch.tensor([1.0, 0.0], dtype=dtype)
+        x.view(INT_VIEW[dtype])[1] = nb
+        assert torch.isnan(x[1])
+        fps.add(metrics.fingerprint(x))
+    assert len(fps) == 3
+
+
+def test_fingerprint_fp64_sign_flips_are_not_lost():
+    """64-bit elements hash as two 32-bit words: x and -x (every sign bit flipped: a 2**63 step each, which a plain
+    64-bit multiply-add would cancel in pairs) differ, and so do two sign flips or two 2**63 steps of int64."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(13), dtype=FP64)
+    assert metrics.fingerprint(x) != metrics.fingerprint(-x)
+    y = x.clone()
+    y[[3, 700]] *= -1
+    assert metrics.fingerprint(y) != metrics.fingerprint(x)
+    i = torch.arange(10, dtype=torch.int64)
+    j = i.clone()
+    j[[2, 5]] ^= torch.tensor(-(2**63))
+    assert metrics.fingerprint(i) != metrics.fingerprint(j)
+
+
+def test_fingerprint_keeps_no_size_dependent_state():
+    """Only one fixed-size weight table per device is kept, whatever sizes are fingerprinted."""
+    for n in (1, 1000, 3 * metrics.FP_BLOCK + 1):
+        metrics.fingerprint(torch.zeros(n, dtype=BF16))
+    dims, table = metrics._FP_TABLES["cpu"]
+    assert dims == (metrics.FP_BLOCK, metrics._FP_TABLE_ROWS)
+    assert tuple(table.shape) == (2, metrics.FP_BLOCK + metrics._FP_TABLE_ROWS)
+    assert not hasattr(metrics, "_FP_WEIGHTS")
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 2.0, True])
+def test_fingerprint_bad_chunk(chunk):
+    with pytest.raises(ValueError, match="chunk"):
+        metrics.fingerprint(torch.zeros(3, dtype=BF16), chunk=chunk)
