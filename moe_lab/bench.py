@@ -90,7 +90,7 @@ def time_capture(cfg_dict: dict, *, repeats: int = 10) -> dict:
              "capture_fingerprints": lambda: full(True)}
     times: dict[str, list[float]] = {m: [] for m in modes}
     names = list(modes)
-    for i in range(repeats + 1):  # round 0 warms up every mode (first-call allocations, fingerprint weights)
+    for i in range(repeats + 1):  # round 0 warms up every mode (first-call allocations, the fingerprint table)
         # Modes interleaved, in a rotating order: a change of load on the machine hits them alike.
         for m in names[i % len(names):] + names[:i % len(names)]:
             fn = modes[m]

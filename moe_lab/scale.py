@@ -27,8 +27,8 @@ What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local sp
   rank holding those experts gets EP x (seq - cut) x min(topk, local experts) rows — EP times the balanced load.
 - **the lab around the layer** (`measure.run_case`): the input tokens, up to three kept outputs and the truncated
   input, `metrics.compare` (75 B per compared element, int64/fp64 temporaries; pinned by a unit test with the
-  CPU allocator's profiler) and `metrics.fingerprint` (40 B per element at its peak: int64 bits, 2 int64 weights,
-  their product; the weights, 16 B per element, stay cached). On GPUs the comparisons run on the device, so they
+  CPU allocator's profiler) and `metrics.fingerprint` (bounded: it hashes in chunks of 2**22 words on GPUs, 2**18 on
+  CPU, 16 B per word of a chunk, + 8 on CPU; a fixed 1.06 MiB weight table per device stays). On GPUs the comparisons run on the device, so they
   count. With capture on (`capture.run_with_capture`) every stage output is cloned and kept.
 - **not counted**: CUDA context, NCCL's own buffers, cuBLAS workspace and caching-allocator fragmentation (they are
   outside `torch.cuda.max_memory_allocated`, or small); a `reserve` is subtracted from the GPU for them.
@@ -60,10 +60,19 @@ DEEPSEEK_V3_MOE_LAYERS = 58  # 61 layers, the first 3 dense (first_k_dense_repla
 
 COMPARE_BYTES_PER_ELEMENT = 75
 """`metrics.compare` peak, bytes per compared element (bf16): int64 ordered bits, fp64 copies, abs/rel errors."""
-FINGERPRINT_BYTES_PER_ELEMENT = 40
-"""`metrics.fingerprint` peak: int64 bits (8) + cached int64 weights [2, n] (16) + their product (16)."""
-FINGERPRINT_CACHED_BYTES_PER_ELEMENT = 16
-"""The fingerprint weights stay cached on the device (`metrics._FP_WEIGHTS`, one size at a time)."""
+FINGERPRINT_CHUNK_WORDS = {"cuda": 1 << 22, "cpu": 1 << 18}
+"""`metrics.FP_CHUNK` / `metrics.FP_CHUNK_CPU`: how many words `metrics.fingerprint` hashes at a time."""
+FINGERPRINT_BYTES_PER_WORD = {"cuda": 16, "cpu": 24}
+"""`metrics.fingerprint` working set per word of a chunk: two int64 lanes of products (16); on CPU also an int64
+copy of the chunk (8). A bf16/fp16/fp32 element is one word, an fp64/int64 one two."""
+FINGERPRINT_TABLE_BYTES = 2 * ((1 << 16) + (1 << 12)) * 8
+"""The weight table `metrics.fingerprint` keeps per device (`metrics._FP_TABLES`): 1.06 MiB, whatever the sizes."""
+
+
+def fingerprint_peak_bytes(words: int, device: str = "cuda") -> int:
+    """`metrics.fingerprint`'s peak beyond its input for a tensor of `words` words: one chunk's working set."""
+    dev = "cpu" if device == "cpu" else "cuda"
+    return min(words, FINGERPRINT_CHUNK_WORDS[dev]) * FINGERPRINT_BYTES_PER_WORD[dev]
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
 SCENARIOS = ("balanced", "truncation")
@@ -302,9 +311,9 @@ def capture_bytes(cfg: MoEConfig, ep: int, counts: list[int]) -> int:
 
 
 def lab_phases(cfg: MoEConfig, ep: int, *, fwd_plain: int, fwd_trunc: int, cut: int, capture: bool,
-               cap_bytes: int) -> list[tuple[str, int]]:
+               cap_bytes: int, device: str = "cuda") -> list[tuple[str, int]]:
     """`measure.run_case` on one rank: [(step, bytes)] beyond parameters + persistent buffer + the input tokens +
-    the cached fingerprint weights (16 B per output element, kept from the previous case).
+    the fingerprint's weight table (1.06 MiB per device, kept from the first call).
 
     Forwards 1-3 (plain, rerun, truncated input) keep their outputs; `time_forward` runs once more; the two
     comparisons (rerun: [seq x hidden]; truncation: [cut x hidden]); the cross-rank fingerprint; and, only if the
@@ -314,7 +323,7 @@ def lab_phases(cfg: MoEConfig, ep: int, *, fwd_plain: int, fwd_trunc: int, cut: 
     out = cfg.seq_len * cfg.hidden * d
     n = cfg.seq_len * cfg.hidden
     cap = cap_bytes if capture else 0
-    fp_warm = (FINGERPRINT_BYTES_PER_ELEMENT - FINGERPRINT_CACHED_BYTES_PER_ELEMENT) * n
+    fp_warm = fingerprint_peak_bytes(n, device)
     return [
         ("forward 1 (plain)", fwd_plain + cap),
         ("forward 2 (rerun)", out + fwd_plain + cap),
@@ -337,7 +346,7 @@ def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool 
          counts_truncation: list[int] | None = None, device: str = "cuda") -> dict:
     """Per-GPU memory and compute of one MoE layer forward at EP=`ep` (TP=1) for the busiest rank, as a flat dict.
 
-    Memory (bytes): parameters + persistent (allgather's buffer) + input tokens + cached fingerprint weights + the
+    Memory (bytes): parameters + persistent (allgather's buffer) + input tokens + the fingerprint's table + the
     largest of the lab's steps (`lab_phases`), each the forward's own peak plus what the lab holds then.
     `layer_peak_bytes` is one plain (balanced) forward alone: what a model pays per MoE layer in inference.
     Fits: lab peak <= usable - reserve. `moe_layers_fit`: how many such layers' parameters fit beside one forward;
@@ -353,7 +362,7 @@ def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool 
     prm = param_bytes(cfg, ep, gated=gated)
     pers = persistent_bytes(cfg, ep)
     inp = cfg.seq_len * cfg.hidden * d
-    fp_cache = FINGERPRINT_CACHED_BYTES_PER_ELEMENT * cfg.seq_len * cfg.hidden
+    fp_cache = FINGERPRINT_TABLE_BYTES
     counts_b = counts or rows_per_expert(cfg, ep, scenario="balanced", imbalance=imbalance)
     counts_t = counts_truncation or rows_per_expert(cfg, ep, scenario="truncation", cut=cut)
     fp_b = forward_peak(cfg, ep, counts=counts_b, gated=gated, device=device)
@@ -361,7 +370,8 @@ def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool 
     # forward_peak includes the persistent buffer: subtract it so that it is counted once
     fwd_b, fwd_t = fp_b["bytes"] - pers, fp_t["bytes"] - pers
     cap = capture_bytes(cfg, ep, counts_b)
-    phases = lab_phases(cfg, ep, fwd_plain=fwd_b, fwd_trunc=fwd_t, cut=cut, capture=capture, cap_bytes=cap)
+    phases = lab_phases(cfg, ep, fwd_plain=fwd_b, fwd_trunc=fwd_t, cut=cut, capture=capture, cap_bytes=cap,
+                        device=device)
     lab_step, lab_extra = max(phases, key=lambda p: p[1])
     total = prm["total"] + pers + inp + fp_cache + lab_extra
     layer_peak = prm["total"] + pers + inp + fwd_b

@@ -126,17 +126,26 @@ def test_bad_input_says_value_and_rule():
 
 
 def test_lab_comparison_constants_match_the_cpu_allocator():
-    """COMPARE_/FINGERPRINT_BYTES_PER_ELEMENT are what metrics.compare / fingerprint allocate (torch profiler)."""
+    """COMPARE_BYTES_PER_ELEMENT and the fingerprint terms are what metrics.compare / fingerprint allocate (profiler)."""
     n = 1 << 16
     a = torch.randn(n // 64, 64).to(torch.bfloat16)
     b = a.clone()
     b[0, 0] += 1
     peak = scale._cpu_peak(lambda: metrics.compare(a, b))["peak_bytes"] / n
     assert peak == pytest.approx(scale.COMPARE_BYTES_PER_ELEMENT, rel=0.1)
-    metrics._FP_WEIGHTS.clear()
+    # fingerprint: bounded by one chunk's working set, whatever the size; the weight table is its only state
+    assert (scale.FINGERPRINT_CHUNK_WORDS["cuda"], scale.FINGERPRINT_CHUNK_WORDS["cpu"]) == (metrics.FP_CHUNK,
+                                                                                           metrics.FP_CHUNK_CPU)
+    metrics._FP_TABLES.clear()
     cold = scale._cpu_peak(lambda: metrics.fingerprint(a))
-    assert cold["peak_bytes"] / n == pytest.approx(scale.FINGERPRINT_BYTES_PER_ELEMENT, abs=0.5)
-    assert cold["kept_bytes"] / n == pytest.approx(scale.FINGERPRINT_CACHED_BYTES_PER_ELEMENT, abs=0.5)
+    assert cold["kept_bytes"] == pytest.approx(scale.FINGERPRINT_TABLE_BYTES, rel=0.01)
+    warm = scale._cpu_peak(lambda: metrics.fingerprint(a))
+    assert warm["peak_bytes"] == pytest.approx(scale.fingerprint_peak_bytes(n, "cpu"), rel=0.05)
+    big = torch.zeros(1 << 20, dtype=torch.bfloat16)  # 4 chunks on CPU: the peak stays one chunk's
+    metrics.fingerprint(big)
+    assert scale._cpu_peak(lambda: metrics.fingerprint(big))["peak_bytes"] == pytest.approx(
+        scale.fingerprint_peak_bytes(big.numel(), "cpu"), rel=0.05)
+    assert scale.fingerprint_peak_bytes(big.numel(), "cpu") == scale.FINGERPRINT_CHUNK_WORDS["cpu"] * 24
 
 
 def test_cli_table_json_and_errors(capsys):
