@@ -520,7 +520,7 @@ def format_table(result: dict) -> str:
         "| --- | --- | --- | --- | --- |",
         f"| ready: {st['world']} processes + process group + parallel_state + health all-reduce | "
         f"{rd['cluster_median_s']:.1f} s | {rd['fresh_median_s']:.1f} s "
-        + (f"(in the sweep's spawns) " if st["quick"] else f"({rd['fresh_total_median_s']:.1f} s to exit) ")
+        + ("(in the sweep's spawns) " if st["quick"] else f"({rd['fresh_total_median_s']:.1f} s to exit) ")
         + f"| {rd['ratio']:.2f}x | |",
         f"| sweep of {sw['n_configs']} configs, results equal: {'yes' if sw['results_equal'] else 'NO'}"
         + (f" ({sw.get('n_compared', sw['n_configs'])} deterministic configs held equal)"

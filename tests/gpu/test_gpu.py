@@ -64,9 +64,9 @@ def test_restart_engines_switches_release_on_gpus(gpu_cluster):
 
 def test_no_splitk_makes_the_expert_gemms_batch_invariant(gpu_cluster):
     """#6: the seed layer's expert fc1/fc2 rows inside M rows vs alone, plain cuBLAS vs split-K forbidden."""
-    from moe_lab import truncation
+    from moe_lab import batch_invariance, truncation
 
-    if not truncation.splitk_control_available():
+    if not batch_invariance.splitk_control_available():
         pytest.skip("this torch cannot forbid split-K")
     cfg = MoEConfig.seed_report(router_dtype="fp64")
     states = [{"emulation": "none", "remedy": r, "tile": None} for r in ("none", "no_splitk")]

@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of moe_lab.truncation (no engines): the bf16 tolerance table, the M-dependent split-K
+"""Unit tests for the pure parts of moe_lab.truncation and moe_lab.batch_invariance (no engines): the bf16 tolerance table, the M-dependent split-K
 EMULATION, fixed-row tiling, the ordered combine, and input checks. Expected numbers are written by hand."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from moe_lab import batch_invariance as B
 from moe_lab import truncation as T
 
 BF16 = torch.bfloat16
@@ -54,56 +55,56 @@ def test_one_ulp_fails_frac():
 
 def test_splitk_splits_by_hand():
     # N=512 → 8 output-tile columns of 64; SMs 132; capped at 8 and at K/32.
-    assert T.splitk_splits(16, 512, 256) == 8  # 1 x 8 tiles → 132 // 8 = 16 → 8
-    assert T.splitk_splits(192, 512, 256) == 5  # 3 x 8 = 24 → 5
-    assert T.splitk_splits(256, 512, 256) == 4  # 4 x 8 = 32 → 4
-    assert T.splitk_splits(1024, 512, 256) == 1  # 16 x 8 = 128 → 1
-    assert T.splitk_splits(16, 512, 64) == 2  # K/32 caps it
+    assert B.splitk_splits(16, 512, 256) == 8  # 1 x 8 tiles → 132 // 8 = 16 → 8
+    assert B.splitk_splits(192, 512, 256) == 5  # 3 x 8 = 24 → 5
+    assert B.splitk_splits(256, 512, 256) == 4  # 4 x 8 = 32 → 4
+    assert B.splitk_splits(1024, 512, 256) == 1  # 16 x 8 = 128 → 1
+    assert B.splitk_splits(16, 512, 64) == 2  # K/32 caps it
 
 
 def test_splitk_with_one_split_is_the_plain_gemm():
     x, w = _data()
-    assert torch.equal(T.splitk_linear(x, w, splits=1), F.linear(x, w))
+    assert torch.equal(B.splitk_linear(x, w, splits=1), F.linear(x, w))
 
 
 def test_splitk_at_a_fixed_split_is_row_invariant():
     """The M dependence comes only from the split choice: at a fixed split, rows do not depend on M (CPU)."""
     x, w = _data()
     for s in (2, 3, 8):
-        assert torch.equal(T.splitk_linear(x[:512], w, splits=s)[:64], T.splitk_linear(x[:64], w, splits=s))
+        assert torch.equal(B.splitk_linear(x[:512], w, splits=s)[:64], B.splitk_linear(x[:64], w, splits=s))
 
 
 @pytest.mark.parametrize("reduce_dtype", [BF16, None], ids=["bf16-reduce", "fp32-reduce"])
 def test_splitk_emulation_is_m_dependent_on_a_plain_matmul(reduce_dtype):
     x, w = _data(m=1024, n=1024, k=1024)
     m = 128
-    alone = T.splitk_linear(x[:m], w, reduce_dtype=reduce_dtype)  # M=128: 2 x 16 tiles → 4 splits
-    inside = T.splitk_linear(x[:1024], w, reduce_dtype=reduce_dtype)[:m]  # M=1024 → 1 split
-    assert T.splitk_splits(m, 1024, 1024) != T.splitk_splits(1024, 1024, 1024)
+    alone = B.splitk_linear(x[:m], w, reduce_dtype=reduce_dtype)  # M=128: 2 x 16 tiles → 4 splits
+    inside = B.splitk_linear(x[:1024], w, reduce_dtype=reduce_dtype)[:m]  # M=1024 → 1 split
+    assert B.splitk_splits(m, 1024, 1024) != B.splitk_splits(1024, 1024, 1024)
     diff = int((alone.view(torch.int16) != inside.view(torch.int16)).sum())
     assert diff > (m * 1024 // 10 if reduce_dtype is BF16 else 0), diff
     assert torch.equal(F.linear(x[:1024], w)[:m], F.linear(x[:m], w))  # the real CPU GEMM is batch invariant
 
 
 def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it():
-    if not T.splitk_control_available():
+    if not B.splitk_control_available():
         pytest.skip(f"torch {torch.__version__} has no split-K switch")
     m = torch.backends.cuda.matmul
     before = (m.allow_bf16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction_split_k,
               m.allow_fp16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction_split_k)
     x, w = _data(m=1024, n=1024, k=1024)
-    alone = lambda: T.splitk_linear(x[:128], w)  # noqa: E731 - the emulated heuristic picks 4 splits at M=128
+    alone = lambda: B.splitk_linear(x[:128], w)  # noqa: E731 - the emulated heuristic picks 4 splits at M=128
     split = alone()
-    with T.no_splitk():
+    with B.no_splitk():
         assert not m.allow_bf16_reduced_precision_reduction_split_k and not m.allow_bf16_reduced_precision_reduction
-        assert not T.splitk_allowed()
+        assert not B.splitk_allowed()
         unsplit = alone()
         assert torch.equal(unsplit, F.linear(x[:128], w))  # one split: the plain GEMM
-        assert torch.equal(T.splitk_linear(x, w)[:128], unsplit)  # and M no longer matters
+        assert torch.equal(B.splitk_linear(x, w)[:128], unsplit)  # and M no longer matters
     assert not torch.equal(split, unsplit)  # positive control: the split did change bits
     assert (m.allow_bf16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction_split_k,
             m.allow_fp16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction_split_k) == before
-    with pytest.raises(RuntimeError), T.no_splitk():
+    with pytest.raises(RuntimeError), B.no_splitk():
         raise RuntimeError("restored on error too")
     assert m.allow_bf16_reduced_precision_reduction_split_k == before[1]
 
@@ -113,12 +114,12 @@ def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it()
 
 def test_tiles_make_emulated_rows_m_invariant():
     x, w = _data(m=700)
-    fn = lambda c: T.splitk_linear(c, w)  # noqa: E731
+    fn = lambda c: B.splitk_linear(c, w)  # noqa: E731
     m = 40
-    ref = T.tiled_rows(fn, x[:m], 64)
+    ref = B.tiled_rows(fn, x[:m], 64)
     untiled_differs = False
     for big in (64, 100, 128, 300, 513, 700):
-        assert torch.equal(T.tiled_rows(fn, x[:big], 64)[:m], ref), big
+        assert torch.equal(B.tiled_rows(fn, x[:big], 64)[:m], ref), big
         untiled_differs |= not torch.equal(fn(x[:big])[:m], fn(x[:m]))
     assert untiled_differs  # positive control: without tiles the emulation does change these rows
 
@@ -131,18 +132,18 @@ def test_tiles_keep_shape_order_and_bias():
         calls.append(c.shape[0])
         return F.linear(c, w), "bias"
 
-    out, bias = T.tiled_rows(fn, x, 64)
+    out, bias = B.tiled_rows(fn, x, 64)
     assert out.shape == (130, 512) and bias == "bias" and calls == [64, 64, 64]  # last tile padded to 64
     assert torch.equal(out, F.linear(x, w))
-    assert T.tiled_rows(lambda c: c * 2, x[:0], 64).shape == (0, 256)
+    assert B.tiled_rows(lambda c: c * 2, x[:0], 64).shape == (0, 256)
     with pytest.raises(ValueError, match=r"tile \(0\) must be a positive integer"):
-        T.tiled_rows(fn, x, 0)
+        B.tiled_rows(fn, x, 0)
 
 
 def test_auto_tile():
-    assert T.auto_tile(128, 4, 4, 8) == 256  # cpu profile: 256 rows per expert on average
-    assert T.auto_tile(1024, 2, 6, 64) == 256  # seed config on 2 GPUs: 192 → 256
-    assert T.auto_tile(1, 1, 1, 64) == 16
+    assert B.auto_tile(128, 4, 4, 8) == 256  # cpu profile: 256 rows per expert on average
+    assert B.auto_tile(1024, 2, 6, 64) == 256  # seed config on 2 GPUs: 192 → 256
+    assert B.auto_tile(1, 1, 1, 64) == 16
 
 
 # ------------------------------------------------------------------------------------------ combine
@@ -152,18 +153,18 @@ def test_ordered_sum_is_batch_invariant_and_order_matters_in_bf16():
     g = torch.Generator().manual_seed(1)
     rows = torch.randn(40, 16, generator=g).to(BF16)
     idx = torch.randint(0, 8, (40,), generator=g)
-    full = T.ordered_sum(rows, idx, 8)
+    full = B.ordered_sum(rows, idx, 8)
     assert full.dtype == torch.float32
     expected = torch.zeros(8, 16).index_add_(0, idx, rows.float())
     assert torch.allclose(full, expected, atol=1e-6)
     # Drop every row of tokens 4..7 (other tokens): tokens 0..3 keep their bits.
     keep = idx < 4
-    part = T.ordered_sum(rows[keep], idx[keep], 8)
+    part = B.ordered_sum(rows[keep], idx[keep], 8)
     assert torch.equal(part[:4], full[:4])
     # Positive control for the atomics emulation: a bf16 sum in another order flips bits.
     perm = torch.randperm(40, generator=g)
-    a = T.ordered_sum(rows, idx, 8, acc_dtype=BF16)
-    b = T.ordered_sum(rows[perm], idx[perm], 8, acc_dtype=BF16)
+    a = B.ordered_sum(rows, idx, 8, acc_dtype=BF16)
+    b = B.ordered_sum(rows[perm], idx[perm], 8, acc_dtype=BF16)
     assert not torch.equal(a, b)
 
 
@@ -171,12 +172,12 @@ def test_ordered_sum_is_batch_invariant_and_order_matters_in_bf16():
 
 
 def test_parse_names_field_value_and_rule():
-    assert T.parse("none", T.REMEDIES, "remedy") == ()
-    assert T.parse("deterministic+tiled_experts", T.REMEDIES, "remedy") == ("deterministic", "tiled_experts")
+    assert B.parse("none", B.REMEDIES, "remedy") == ()
+    assert B.parse("deterministic+tiled_experts", B.REMEDIES, "remedy") == ("deterministic", "tiled_experts")
     with pytest.raises(ValueError, match=r"remedy \('fast'\) must be 'none' or '\+'-joined names from"):
-        T.parse("fast", T.REMEDIES, "remedy")
+        B.parse("fast", B.REMEDIES, "remedy")
     with pytest.raises(ValueError, match=r"emulation \('atomics\+atomics'\)"):
-        T.parse("atomics+atomics", T.EMULATIONS, "emulation")
+        B.parse("atomics+atomics", B.EMULATIONS, "emulation")
 
 
 def test_plan_puts_the_plain_case_first_and_sweeps_tiles_on_gpu():
