@@ -155,23 +155,13 @@ class Cluster:
             self.config = self.config.replace(**changes)
         if self.client is None:
             return self.start()
-        from . import dist
-
         t0 = time.perf_counter()
         old = _registered(self.client, self.engine_ids)
-        try:
-            for ar in [self.client[e].apply_async(dist.teardown) for e in self.engine_ids]:
-                ar.get(timeout=min(10.0, self.config.timeout_s))
-        except Exception as e:  # noqa: BLE001 - the engines are stopped below whatever happened here
-            logger.warning("teardown on engines did not finish cleanly (%s); stopping them anyway", e)
+        self._teardown_engines()
         try:
             # Process groups are torn down: end the engines at once (SIGTERM costs seconds per engine with torch
             # loaded), then let ipyparallel reap them and forget their engine set.
-            for p in (p for p in cluster_processes(self._profile_dir) if _is_engine(p)):
-                try:
-                    p.kill()
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+            self._kill_engines()
             self._ipp.stop_engines_sync()
             self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
             logger.info("restarting %d %s engines%s", self.config.engines, self.config.device,
@@ -188,6 +178,25 @@ class Cluster:
         self.timings["restart_s"] = self.timings["ready_s"] = time.perf_counter() - t0
         logger.info("engines restarted in %.1f s: %s", self.timings["restart_s"], self.summary())
         return self
+
+    def _teardown_engines(self) -> None:
+        """dist.teardown on every engine still registered (process groups destroyed cleanly); never raises."""
+        from . import dist
+
+        try:
+            alive = [e for e in self.engine_ids if e in set(self.client.ids)]
+            for ar in [self.client[e].apply_async(dist.teardown) for e in alive]:
+                ar.get(timeout=min(10.0, self.config.timeout_s))
+        except Exception as e:  # noqa: BLE001 - the engines are stopped next whatever happened here
+            logger.warning("teardown on engines did not finish cleanly (%s); stopping them anyway", e)
+
+    def _kill_engines(self) -> None:
+        """SIGKILL every engine process of this cluster's profile (their state is lost anyway)."""
+        for p in (p for p in cluster_processes(self._profile_dir) if _is_engine(p)):
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
 
     def _attach_engines(self, previous: set) -> None:
         """Wait (start timeout) for `engines` new engines to register, (id, uuid) not in `previous`; ranks follow in
@@ -207,9 +216,7 @@ class Cluster:
                                    f"{cfg.start_timeout_s:.0f} s; raise start_timeout_s, or see why they fail with "
                                    "logging.getLogger('moe_lab.ipyparallel').setLevel('DEBUG')", kind="timeout")
             time.sleep(0.05)
-        self.engine_ids = new[: cfg.engines]
-        self.view = self.client.direct_view(targets=self.engine_ids)
-        self.view.block = True
+        self.engine_ids = new[: cfg.engines]  # in id order; _place sets rank order and the view
 
     def _bring_up(self) -> None:
         """On fresh engines: locate them, import torch + megatron-core, rendezvous, process group, parallel_state."""
@@ -277,26 +284,13 @@ class Cluster:
         graceful=False skips the teardown call on the engines (they may be busy or mid-collective) and ends them.
         Whatever happens, no process of this cluster outlives it: leftovers are killed.
         """
-        from . import dist
-
         t0 = time.perf_counter()
         if graceful and self.client is not None and self.engine_ids:
-            try:
-                alive = [e for e in self.engine_ids if e in set(self.client.ids)]
-                ars = [self.client[e].apply_async(dist.teardown) for e in alive]
-                for ar in ars:
-                    ar.get(timeout=min(10.0, self.config.timeout_s))
-            except Exception as e:  # noqa: BLE001 - engines are stopped below whatever happened here
-                logger.warning("teardown on engines did not finish cleanly (%s); stopping them anyway", e)
+            self._teardown_engines()
         elif self._profile_dir:
             # Busy engines (mid-collective, or in C code) ignore SIGTERM for ipyparallel's 5 s grace, one by one;
             # their state is lost anyway, so end them at once.
-            engines = [p for p in cluster_processes(self._profile_dir) if _is_engine(p)]
-            for p in engines:
-                try:
-                    p.kill()
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
+            self._kill_engines()
         if self.client is not None:
             try:
                 self.client.close()
