@@ -1,6 +1,20 @@
-"""moe_lab: reproduce, localise and fix numerical divergence of megatron-core MoE layers under expert parallelism."""
+"""moe_lab: reproduce, localise and fix numerical divergence of megatron-core MoE layers under expert parallelism.
+
+Where code runs: `controller/` (the notebook or CLI process: the cluster of engines), `engine/` (inside each engine:
+process group, the layer, capture, the measurement toolkit), `experiments/` (one module per notebook question on one
+protocol, and the remedies), `reporting/` (results file, figures, the notebook runner), `tools/` (bench, scale plan,
+megatron-core releases, wheels), `cli/` (`moe-lab`). `config`, `metrics` and `stats` are pure and used on both sides.
+"""
 
 from .config import ClusterConfig, MoEConfig
 
-__version__ = "0.1.0"
-__all__ = ["ClusterConfig", "MoEConfig", "__version__"]
+__version__ = "0.2.0"
+__all__ = ["ClusterConfig", "MoEConfig", "Cluster", "__version__"]
+
+
+def __getattr__(name):  # `moe_lab.Cluster` without importing torch for `import moe_lab`
+    if name == "Cluster":
+        from .controller.cluster import Cluster
+
+        return Cluster
+    raise AttributeError(f"module 'moe_lab' has no attribute {name!r}")

@@ -104,9 +104,12 @@ class ClusterConfig:
     """How the engines are started."""
 
     device: str = "cpu"
-    """'cuda': one engine per GPU on NCCL; 'cpu': `engines` CPU engines on gloo."""
+    """'cuda': engines on GPUs (NCCL with one rank per GPU, gloo when ranks share a GPU); 'cpu': CPU engines on gloo."""
     engines: int = 4
     """Number of engines (= torch.distributed world size)."""
+    ranks_per_gpu: int = 1
+    """cuda: ranks sharing each GPU. 1 = one rank per GPU over NCCL; k > 1 = virtual EP, k ranks per GPU over gloo
+    (NCCL refuses two ranks on one GPU). `controller.placement.default_config` derives it from the GPUs it sees."""
     tp: int = 1
     """Tensor-parallel size given to `parallel_state.initialize_model_parallel`."""
     timeout_s: float = 120.0
@@ -144,6 +147,11 @@ class ClusterConfig:
         if not isinstance(self.profile_root, str):
             raise ValueError(f"profile_root ({self.profile_root!r}) must be a directory path (str), or '' for the default")
         _positive("engines", self.engines)
+        _positive("ranks_per_gpu", self.ranks_per_gpu)
+        if self.device == "cpu" and self.ranks_per_gpu != 1:
+            raise ValueError(f"ranks_per_gpu ({self.ranks_per_gpu}) must be 1 on device 'cpu'")
+        if self.engines % self.ranks_per_gpu:
+            raise ValueError(f"engines ({self.engines}) must be a multiple of ranks_per_gpu ({self.ranks_per_gpu})")
         _positive("tp", self.tp)
         if self.engines % self.tp:
             raise ValueError(f"engines ({self.engines}) must be divisible by tp ({self.tp})")
@@ -156,3 +164,17 @@ class ClusterConfig:
 
     def replace(self, **changes) -> "ClusterConfig":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def backend(self) -> str:
+        """The process group's backend: gloo on CPU and whenever ranks share a GPU, NCCL otherwise."""
+        return "nccl" if self.device == "cuda" and self.ranks_per_gpu == 1 else "gloo"
+
+    @property
+    def placement(self) -> str:
+        """How ranks sit on devices, in words (every record and report states it)."""
+        if self.device == "cpu":
+            return f"{self.engines} CPU engines"
+        if self.ranks_per_gpu == 1:
+            return "one rank per GPU"
+        return f"{self.ranks_per_gpu} ranks share each GPU (virtual EP)"

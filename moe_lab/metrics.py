@@ -120,6 +120,35 @@ def ulp_histogram(a: torch.Tensor, b: torch.Tensor) -> dict[int, int]:
     return {int(v): int(c) for v, c in zip(vals.tolist(), counts.tolist())}
 
 
+def worst(cmps: list[dict]) -> dict:
+    """The worst of several comparisons (over ranks, copies or trials), metric by metric: numbers the largest,
+    booleans must all hold. Comparisons that are not applicable (`applicable: False`) are left out; if none is
+    applicable the first is returned as it is."""
+    cmps = [c for c in cmps if c is not None]
+    ok = [c for c in cmps if c.get("applicable", True)]
+    if not ok:
+        return dict(cmps[0]) if cmps else {"applicable": False, "reason": "nothing compared"}
+    out = {}
+    for k in ok[0]:
+        vals = [c[k] for c in ok if k in c]
+        if isinstance(vals[0], bool):
+            out[k] = all(vals)
+        elif isinstance(vals[0], (int, float)):
+            out[k] = max(vals)
+    return out
+
+
+def over_trials(per_trial: list[dict]) -> dict:
+    """One comparison made in several trials: the worst over trials (as `worst`), plus `trials`, `n_differ` (trials in
+    which it differed) and the per-trial mismatch counts — what a verdict on a nondeterministic outcome needs."""
+    out = worst(per_trial)
+    if not out.get("applicable", True):
+        return {**out, "trials": len(per_trial)}
+    out.update(trials=len(per_trial), n_differ=sum(not c.get("bitwise_equal", True) for c in per_trial),
+               per_trial=[c.get("n_mismatch") for c in per_trial])
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- fingerprint
 #
 # h_lane = sum_p word[p] * w_lane(p) mod 2**64, two lanes. The tensor's bits are read as a stream of words of at most

@@ -12,7 +12,8 @@ PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
                            "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic", "launcher",
-                           "launcher_options", "start_timeout_s"}
+                           "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
+                           "truncation_engines"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -56,7 +57,7 @@ def check(params: dict, where: str = "parameters") -> None:
         rel = params["releases"] = [v for v in rel.split(",") if v]
     for v in rel:
         if v != "installed":
-            from .compat import parse_version
+            from .engine.compat import parse_version
 
             try:
                 parse_version(v)
@@ -66,8 +67,13 @@ def check(params: dict, where: str = "parameters") -> None:
         vals = params.get(axis, [False, True])
         if not isinstance(vals, list) or not vals or not all(isinstance(v, bool) for v in vals):
             raise ValueError(f"{where}: {axis} ({vals!r}) must be a non-empty list of true/false")
-    if not isinstance(params.get("repeats", 5), int) or params.get("repeats", 5) < 1:
-        raise ValueError(f"{where}: repeats ({params.get('repeats')!r}) must be a positive integer")
+    for key in ("repeats", "trials", "cost_rounds", "gpus"):
+        v = params.get(key, 1)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
+            raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")
+    te = params.get("truncation_engines", [])
+    if not isinstance(te, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in te):
+        raise ValueError(f"{where}: truncation_engines ({te!r}) must be a list of positive integers, e.g. [1, 4]")
     if params.get("device") not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
     for key in ("timeout_s", "start_timeout_s"):
@@ -76,7 +82,7 @@ def check(params: dict, where: str = "parameters") -> None:
             raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds")
     e = params.get("engines", 0)
     if not isinstance(e, int) or isinstance(e, bool) or e < 0:
-        raise ValueError(f"{where}: engines ({e!r}) must be a positive integer (0 = one per GPU)")
+        raise ValueError(f"{where}: engines ({e!r}) must be a positive integer (0 = the device's default)")
     if params.get("launcher", "local") not in LAUNCHERS:
         raise ValueError(f"{where}: launcher ({params['launcher']!r}) must be one of {', '.join(map(repr, LAUNCHERS))}")
     if not isinstance(params.get("launcher_options", {}), dict):
@@ -95,19 +101,36 @@ def base_moe(params: dict, **changes) -> MoEConfig:
     return MoEConfig(**kw)
 
 
-def cluster_config(params: dict) -> ClusterConfig:
-    """The profile's cluster; a launcher and its options are checked here, before any notebook starts."""
-    from .cluster import default_config, launcher_settings
+def cluster_config(params: dict, *, engines: int | None = None) -> ClusterConfig:
+    """The profile's cluster (`engines` overrides the profile's); a launcher and its options are checked here,
+    before any notebook starts. The megatron-core release is the cases' (`release`), not the cluster's."""
+    from .controller.launchers import launcher_settings
+    from .controller.placement import default_config
 
-    extra = ()
     if params.get("megatron"):
-        from . import versions
+        from .tools import versions
 
-        extra = (str(versions.path_for(params["megatron"])),)
-    ccfg = default_config(device=params["device"], engines=params.get("engines") or None,
-                          timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1), extra_path=extra,
+        versions.path_for(params["megatron"])  # installed side by side? (a clear message if not)
+    ccfg = default_config(device=params["device"], engines=engines or params.get("engines") or None,
+                          gpus=params.get("gpus"), timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1),
                           start_timeout_s=float(params.get("start_timeout_s", 120)),
                           launcher=params.get("launcher", "local"),
                           launcher_options=params.get("launcher_options") or {})
     launcher_settings(ccfg)
     return ccfg
+
+
+def release(params: dict) -> str:
+    """The megatron-core release of notebooks 01, 02, 04 and 05: `megatron` (installed side by side) or the installed one."""
+    return params.get("megatron") or "installed"
+
+
+def trials(params: dict) -> int:
+    """Trials of every comparison that can be nondeterministic (#14): default 5 on GPU, 3 on CPU."""
+    return int(params.get("trials") or (5 if params["device"] == "cuda" else 3))
+
+
+def cost_rounds(params: dict, *, default_gpu: int = 15, default_cpu: int = 7) -> int:
+    """Paired timing rounds per cost (>= 6 for a 95 % interval of the median that is not just min–max)."""
+    v = params.get("cost_rounds")
+    return int(v) if v is not None else (default_gpu if params["device"] == "cuda" else default_cpu)

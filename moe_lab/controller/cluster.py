@@ -1,81 +1,38 @@
-"""Controller side: start ipyparallel engines (one per GPU, or N on CPU), map them to ranks, run, tear down."""
+"""Controller side: a warm MoE lab — ipyparallel engines, one torch.distributed rank each — started, called with a
+timeout on every call, restarted (another megatron-core release), and torn down. Where the engines go is
+`placement`, how they are launched `launchers`, why a call failed `diagnosis`, their OS processes `processes`."""
 
 from __future__ import annotations
 
 import logging
 import os
 import platform
-import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import ClusterConfig
+from ..config import ClusterConfig
+from . import diagnosis, processes
+from .diagnosis import ClusterError
+from .launchers import assign_ranks, launcher_rank, launcher_settings, profile_parent
+from .placement import default_config
 
 logger = logging.getLogger(__name__)
 
 PROFILE_PREFIX = "moe_lab_ipp_"
-SHARED_PROFILE_ROOT = "~/.moe_lab/ipp"  # default for launchers that start engines elsewhere: home is shared on clusters
 LIVENESS_EVERY_S = 0.5  # how often a waiting call checks that every engine process still exists (#7)
 COLLECTIVE_GRACE_S = 3.0  # after one rank's collective fails, how long to wait for the others' answers; and
 # how much longer than the process-group timeout a call waits by default
-
-
-class ClusterError(RuntimeError):
-    """An engine failed, died or timed out; the message names the rank(s) and what they were doing.
-
-    `kind` is one of 'failed' (an exception on a rank), 'died' (an engine process is gone), 'collective' (a
-    collective failed or hung: `ranks` did not join it), 'timeout' (ranks did not answer in time).
-    """
-
-    def __init__(self, message: str, *, kind: str = "failed", ranks: list[int] | None = None, stopped: bool = False):
-        super().__init__(message)
-        self.kind, self.ranks, self.stopped = kind, list(ranks or []), stopped
-
-
-def visible_gpus() -> int:
-    """GPUs torch can see from the controller (0 without CUDA). Imports torch lazily."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def default_config(device: str | None = None, engines: int | None = None, **kw) -> ClusterConfig:
-    """One engine per visible GPU on cuda; 4 CPU engines otherwise. Refuses more engines than GPUs.
-
-    With a launcher other than 'local' the engines run elsewhere and this machine cannot count their GPUs, so
-    device and engines must be given; each node then checks its own GPUs when its engines join (dist.setup).
-    """
-    if kw.get("launcher", "local") != "local":
-        if device is None or not engines:
-            raise ValueError(f"launcher ({kw['launcher']!r}) starts engines on other machines: give device "
-                             f"({device!r}) and engines ({engines!r}) explicitly, e.g. device='cuda', engines=16")
-        return ClusterConfig(device=device, engines=engines, **kw)
-    n_gpu = visible_gpus() if device in (None, "cuda") else 0
-    if device is None:
-        device = "cuda" if n_gpu else "cpu"
-    if device == "cuda":
-        if n_gpu == 0:
-            raise ValueError("device ('cuda') needs a GPU, but torch sees none; use device='cpu'")
-        engines = engines or n_gpu
-        if engines > n_gpu:
-            raise ValueError(f"engines ({engines}) must be <= visible GPUs ({n_gpu}): one engine per GPU")
-    else:
-        engines = engines or 4
-    return ClusterConfig(device=device, engines=engines, **kw)
 
 
 class Cluster:
     """A warm MoE lab: `engines` ipyparallel engines, each one torch.distributed rank with parallel_state set.
 
     with Cluster(ClusterConfig(engines=4)) as c:
-        c.run(moe_lab.measure.run_case, cfg.asdict())   # → one result per rank, in rank order
+        c.run(fn, *args)   # fn runs on every rank at once → one result per rank, in rank order
 
     Every call watches the engine processes: a dead engine, a hung collective or Ctrl-C ends in a ClusterError
     (or the KeyboardInterrupt) with the engines stopped, and `start()` brings the cluster back (#7).
@@ -93,7 +50,7 @@ class Cluster:
         self.port = 0  # preferred rendezvous port; 0 (or a busy one) lets the OS pick a free one
         self._procs: list[dict] = []  # per rank: pid, node, main_thread, stack_file (dist.identify)
         self._profile_dir: str | None = None
-        self._reaper: subprocess.Popen | None = None
+        self._reaper = None  # the watchdog process (processes.start_watchdog)
 
     @property
     def profile_dir(self) -> str | None:
@@ -120,7 +77,7 @@ class Cluster:
         # A private profile per cluster: two notebooks (or users) never share connection files or ports.
         self._profile_dir = tempfile.mkdtemp(prefix=PROFILE_PREFIX, dir=profile_parent(cfg))
         try:
-            self._start_reaper()
+            self._reaper = processes.start_watchdog(os.getpid(), self._profile_dir)
             # ipyparallel logs to the notebook's stdout by default, engine output included when they are
             # stopped by signal; route it to our logger (quiet unless debugging) so reports stay readable.
             ipp_log = logging.getLogger("moe_lab.ipyparallel")
@@ -161,7 +118,7 @@ class Cluster:
         try:
             # Process groups are torn down: end the engines at once (SIGTERM costs seconds per engine with torch
             # loaded), then let ipyparallel reap them and forget their engine set.
-            self._kill_engines()
+            processes.kill_engines(self._profile_dir)
             self._ipp.stop_engines_sync()
             self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
             logger.info("restarting %d %s engines%s", self.config.engines, self.config.device,
@@ -181,7 +138,7 @@ class Cluster:
 
     def _teardown_engines(self) -> None:
         """dist.teardown on every engine still registered (process groups destroyed cleanly); never raises."""
-        from . import dist
+        from ..engine import dist
 
         try:
             alive = [e for e in self.engine_ids if e in set(self.client.ids)]
@@ -189,14 +146,6 @@ class Cluster:
                 ar.get(timeout=min(10.0, self.config.timeout_s))
         except Exception as e:  # noqa: BLE001 - the engines are stopped next whatever happened here
             logger.warning("teardown on engines did not finish cleanly (%s); stopping them anyway", e)
-
-    def _kill_engines(self) -> None:
-        """SIGKILL every engine process of this cluster's profile (their state is lost anyway)."""
-        for p in (p for p in cluster_processes(self._profile_dir) if _is_engine(p)):
-            try:
-                p.kill()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
 
     def _attach_engines(self, previous: set) -> None:
         """Wait (start timeout) for `engines` new engines to register, (id, uuid) not in `previous`; ranks follow in
@@ -220,7 +169,7 @@ class Cluster:
 
     def _bring_up(self) -> None:
         """On fresh engines: locate them, import torch + megatron-core, rendezvous, process group, parallel_state."""
-        from . import dist
+        from ..engine import dist
 
         cfg = self.config
         t1 = time.perf_counter()
@@ -246,7 +195,8 @@ class Cluster:
             rank=r, world=cfg.engines, master_addr=addr, master_port=port, device=cfg.device, tp=cfg.tp,
             timeout_s=cfg.timeout_s, extra_path=tuple(cfg.extra_path), env=env,
             deterministic=cfg.deterministic, local_rank=self._procs[r]["local_rank"],
-            local_world=self._procs[r]["local_world"]), what="init_process_group + parallel_state")
+            local_world=self._procs[r]["local_world"], ranks_per_gpu=cfg.ranks_per_gpu),
+            what="init_process_group + parallel_state")
         self.timings["process_group_s"] = time.perf_counter() - t1
         self.health_check()
 
@@ -256,7 +206,7 @@ class Cluster:
         the process table into rank order."""
         placed = assign_ranks([(eid, p["node"]) for eid, p in zip(self.engine_ids, procs)],
                               {eid: r for eid, p in zip(self.engine_ids, procs)
-                               if (r := _launcher_rank(p.get("launcher_env") or {})) is not None})
+                               if (r := launcher_rank(p.get("launcher_env") or {})) is not None})
         by_id = dict(zip(self.engine_ids, procs))
         self.engine_ids = [pl["engine"] for pl in placed]
         self._procs = [dict(by_id[pl["engine"]], **pl) for pl in placed]
@@ -274,7 +224,7 @@ class Cluster:
         return [{k: p.get(k) for k in keys} for p in self._procs]
 
     def health_check(self) -> list[dict]:
-        from . import dist
+        from ..engine import dist
 
         return self.run(dist.health_check, what="health all-reduce")
 
@@ -290,7 +240,7 @@ class Cluster:
         elif self._profile_dir:
             # Busy engines (mid-collective, or in C code) ignore SIGTERM for ipyparallel's 5 s grace, one by one;
             # their state is lost anyway, so end them at once.
-            self._kill_engines()
+            processes.kill_engines(self._profile_dir)
         if self.client is not None:
             try:
                 self.client.close()
@@ -302,7 +252,7 @@ class Cluster:
             except Exception as e:  # noqa: BLE001
                 logger.warning("stopping the ipyparallel cluster failed: %s", e)
         if self._profile_dir:
-            left = kill_cluster_processes(self._profile_dir, exclude=(self._reaper.pid,) if self._reaper else ())
+            left = processes.kill_cluster_processes(self._profile_dir, exclude=(self._reaper.pid,) if self._reaper else ())
             if left:
                 logger.info("killed %d leftover process(es) of the cluster: %s", len(left), left)
             shutil.rmtree(self._profile_dir, ignore_errors=True)
@@ -314,17 +264,6 @@ class Cluster:
         self._profile_dir = None
         self.timings["stop_s"] = time.perf_counter() - t0
 
-    def _start_reaper(self) -> None:
-        # A watchdog process outside our session: if this process dies without stop() (SIGKILL, SIGTERM, a dead
-        # kernel), it ends the controller and engines, which ipyparallel starts in sessions of their own.
-        code = ("import sys; sys.path.insert(0, sys.argv[3]); from moe_lab.cluster import _reap; "
-                "_reap(int(sys.argv[1]), sys.argv[2])")
-        pkg_parent = str(Path(__file__).resolve().parents[1])
-        self._reaper = subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), self._profile_dir, pkg_parent],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, start_new_session=True)
-
-    # ------------------------------------------------------------------ calls
     @property
     def world(self) -> int:
         return len(self.engine_ids)
@@ -382,13 +321,12 @@ class Cluster:
                     self._raise_if_dead(what, errors)
                     next_check = now + LIVENESS_EVERY_S
                 if errors:
-                    coll = {i: e for i, e in errors.items() if _is_collective_error(e)}
-                    if len(coll) < len(errors):  # a plain exception: report it at once
-                        self._raise_failed(what, ranks, errors, pending)
+                    if any(not diagnosis.is_collective_error(e) for e in errors.values()):
+                        self._raise_failed(what, ranks, errors, pending)  # a plain exception: report it at once
+                    # A collective failed: give the other ranks the grace to report the same failure (its victims
+                    # are still formatting their own timeout), then name the cause (#16: never a victim).
                     if grace_until is None:
                         grace_until = min(now + COLLECTIVE_GRACE_S, deadline)
-                        if not any(c for c, _ in self._where([ranks[i] for i in pending]).values()):
-                            grace_until = now  # nobody else is in a collective: no answer is coming
                     if not pending or now >= grace_until:
                         self._raise_collective(what, ranks, results, errors, pending, now - t0)
                 if not pending:
@@ -414,7 +352,7 @@ class Cluster:
         for rank, eid in enumerate(self.engine_ids):
             proc = self._procs[rank] if rank < len(self._procs) else None
             if proc and proc["node"] == here:
-                how = _pid_gone(proc["pid"])
+                how = processes.pid_gone(proc["pid"])
                 if how is not None:
                     dead[rank] = self._exit_status(proc["pid"]) or how
                     continue
@@ -438,7 +376,7 @@ class Cluster:
                     except Exception:  # noqa: BLE001 - still exiting, or being reaped by the launcher thread
                         code = getattr(proc, "returncode", None)
                     if code is not None or time.monotonic() > deadline:
-                        return _describe_exit(code) if code is not None else ""
+                        return processes.describe_exit(code) if code is not None else ""
                     time.sleep(0.05)
         return ""
 
@@ -460,8 +398,9 @@ class Cluster:
                            kind="died", ranks=sorted(dead), stopped=True)
 
     def _raise_failed(self, what, ranks, errors, pending) -> None:
-        i = min(i for i, e in errors.items() if not _is_collective_error(e))
-        msg = f"rank {ranks[i]} (engine {self.engine_ids[ranks[i]]}) failed in {what}: {_remote_message(errors[i])}"
+        i = min(i for i, e in errors.items() if not diagnosis.is_collective_error(e))
+        msg = (f"rank {ranks[i]} ({self._who(ranks[i])}) failed in {what}: "
+               f"{diagnosis.remote_message(errors[i])}")
         where = self._where([ranks[j] for j in pending])
         waiting = sorted(r for r, (c, _) in where.items() if c)
         if not waiting:
@@ -473,25 +412,24 @@ class Cluster:
         raise ClusterError(msg, kind="failed", ranks=[ranks[i]], stopped=True) from errors[i]
 
     def _raise_collective(self, what, ranks, results, errors, pending, elapsed) -> None:
+        """A collective failed on some ranks (its timeout, or a broken peer): name the ranks that caused it."""
         failed = sorted(ranks[i] for i in errors)
         first = errors[min(errors)]
-        coll, caller = _collective_of(_remote_frames(first))
+        coll, caller = diagnosis.collective_of_error(first)
         where = self._where([ranks[i] for i in pending])
-        missing = [r for i, r in enumerate(ranks) if i not in errors]
-        notes = []
-        for r in missing:
-            i = ranks.index(r)
-            if i in results:
-                notes.append(f"rank {r} returned without calling it")
-            else:
-                notes.append(f"rank {r} is still busy {where[r][1] if r in where else 'elsewhere'}")
+        culprits, notes = diagnosis.blame(
+            ranks, returned={ranks[i] for i in results}, errored=set(failed),
+            pending={ranks[i]: where.get(ranks[i]) for i in pending})
         msg = (f"{what}: collective {coll or '(unknown)'}{f' in {caller}' if caller else ''} failed on rank(s) "
-               f"{failed} after {elapsed:.1f} s ({_remote_message(first)})")
-        if missing:
-            msg += f"; rank(s) {missing} did not join it ({'; '.join(notes)})"
+               f"{failed} after {elapsed:.1f} s ({diagnosis.remote_message(first).splitlines()[0][:300]})")
+        if culprits:
+            msg += (f"; the cause: rank(s) {culprits} did not join it ("
+                    + "; ".join(f"{n} ({self._who(r)})" for r, n in zip(culprits, notes)) + ")")
+        else:
+            msg += "; every rank entered it, so the cause is in the collective itself (network, backend, a peer)"
         msg += ". The process group is broken: the engines were stopped, start the cluster again"
         self.stop(graceful=False)
-        raise ClusterError(msg, kind="collective", ranks=missing, stopped=True) from first
+        raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True) from first
 
     def _raise_timeout(self, what, ranks, results, pending, timeout) -> None:
         waiting = sorted(ranks[i] for i in pending)
@@ -501,257 +439,27 @@ class Cluster:
         if where:
             msg += " (" + "; ".join(f"rank {r} is {where[r][1]}" for r in waiting if r in where) + ")"
         if in_coll:
-            absent = [r for r in ranks if r not in in_coll]
-            msg += (f"; hung collective {where[in_coll[0]][0]}: rank(s) {absent} did not join it. The engines were "
-                    "stopped, start the cluster again")
+            culprits, notes = diagnosis.blame(ranks, returned={ranks[i] for i in results}, errored=set(),
+                                              pending={r: where.get(r) for r in waiting})
+            msg += (f"; hung collective {where[in_coll[0]][0]}: rank(s) {culprits} did not join it ("
+                    + "; ".join(notes) + "). The engines were stopped, start the cluster again")
             self.stop(graceful=False)
-            raise ClusterError(msg, kind="collective", ranks=absent, stopped=True)
+            raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True)
         msg += "; they keep running and later calls wait behind them: stop the cluster and start it again if they hang"
         raise ClusterError(msg, kind="timeout", ranks=waiting)
 
+    def _who(self, rank: int) -> str:
+        """'engine 3, pid 1234' for a rank."""
+        pid = self._procs[rank]["pid"] if rank < len(self._procs) else "?"
+        return f"engine {self.engine_ids[rank]}, pid {pid}"
+
     def _where(self, ranks: list[int], wait_s: float = 1.0) -> dict[int, tuple[str | None, str]]:
-        """rank → (collective or None, 'waiting in <collective> (<caller>)' or 'in <function> at <file:line>'), from a
-        SIGUSR1 stack dump of each engine on this host (dist.identify registers the handler)."""
-        here = platform.node()
-        todo = {}
-        for r in ranks:
-            p = self._procs[r] if r < len(self._procs) else None
-            if not p or p["node"] != here or not p.get("stack_file"):
-                continue
-            try:
-                size = os.path.getsize(p["stack_file"])
-                os.kill(p["pid"], signal.SIGUSR1)
-                todo[r] = (p, size)
-            except OSError:
-                continue
-        out = {}
-        deadline = time.monotonic() + wait_s
-        seen = {r: -1 for r in todo}
-        while todo and time.monotonic() < deadline:
-            time.sleep(0.03)
-            for r, (p, size) in list(todo.items()):
-                try:
-                    now_size = os.path.getsize(p["stack_file"])
-                except OSError:
-                    continue
-                if now_size == size or now_size != seen[r]:  # nothing yet, or still being written
-                    seen[r] = now_size
-                    continue
-                with open(p["stack_file"]) as f:
-                    f.seek(size)
-                    frames = _dump_frames(f.read(), p["main_thread"])
-                if frames is None:
-                    continue
-                coll, caller = _collective_of(frames)
-                if coll:
-                    out[r] = (coll, f"waiting in {coll}" + (f" ({caller})" if caller else ""))
-                else:
-                    out[r] = (None, f"in {_innermost(frames)}")
-                del todo[r]
-        return out
+        return diagnosis.where(self._procs, ranks, wait_s)
 
     def summary(self) -> dict:
         i0 = self.info[0] if self.info else {}
         return {k: i0.get(k) for k in ("device", "gpu", "backend", "world", "tp", "ep", "torch", "megatron_core",
                                           "nccl", "python")}
-
-
-# ---------------------------------------------------------------------- helpers (pure, or processes by profile)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_COLLECTIVE_PATTERNS = re.compile(
-    r"Timed out waiting|pair closure|Connection closed by peer|Connection reset by peer|Broken pipe|"
-    r"DistBackendError|DistNetworkError|NCCL|collective operation timeout|Socket Timeout", re.I)
-
-
-def _remote_message(e: BaseException) -> str:
-    ename = getattr(e, "ename", None)
-    evalue = getattr(e, "evalue", None)
-    if ename:
-        return f"{ename}: {evalue}"
-    return f"{type(e).__name__}: {e}"
-
-
-def _is_collective_error(e: BaseException) -> bool:
-    return bool(_COLLECTIVE_PATTERNS.search(_remote_message(e)))
-
-
-def _remote_frames(e: BaseException) -> list[tuple[str, int, str]]:
-    """(file, line, function) of a remote traceback, outermost first (IPython's or Python's format)."""
-    tb = _ANSI.sub("", getattr(e, "traceback", None) or "")
-    frames = []
-    for m in re.finditer(r'File "?([^",\n]+?)"?(?::(\d+)|, line (\d+)),? in (\w[\w.<>]*)', tb):
-        frames.append((m.group(1), int(m.group(2) or m.group(3)), m.group(4)))
-    return frames
-
-
-def _dump_frames(text: str, main_thread: int) -> list[tuple[str, int, str]] | None:
-    """The main thread's frames from a faulthandler dump, outermost first; None until the dump is complete."""
-    want = f"0x{main_thread:016x}"
-    lines = text.splitlines()
-    for k, line in enumerate(lines):
-        if want in line and ("Thread" in line or "thread" in line):
-            frames = []
-            for fl in lines[k + 1:]:
-                m = re.match(r'\s+File "([^"]+)", line (\d+) in (\S+)', fl)
-                if not m:
-                    break
-                frames.append((m.group(1), int(m.group(2)), m.group(3)))
-            return frames[::-1]  # faulthandler lists the most recent call first
-    return None
-
-
-def _collective_of(frames: list[tuple[str, int, str]]) -> tuple[str | None, str | None]:
-    """The outermost torch.distributed call in `frames` (outermost first) and the frame that made it."""
-    for k, (file, _, fn) in enumerate(frames):
-        if "torch/distributed/" in file.replace("\\", "/") and file.endswith("distributed_c10d.py"):
-            caller = next(((f, ln, name) for f, ln, name in reversed(frames[:k])
-                           if "torch/distributed/" not in f.replace("\\", "/")), None)
-            return fn, (f"{caller[2]} at {os.path.basename(caller[0])}:{caller[1]}" if caller else None)
-    return None, None
-
-
-_PLUMBING = ("/ipyparallel/", "/ipykernel/", "/tornado/", "/asyncio/", "/traitlets/", "<string>", "<frozen")
-
-
-def _innermost(frames: list[tuple[str, int, str]]) -> str:
-    """The innermost frame (not the engine's own plumbing), and the innermost of our own code (moe_lab) under it."""
-    frames = [f for f in frames if not any(s in f[0].replace("\\", "/") for s in _PLUMBING)]
-    if not frames:
-        return "native code called directly (no Python frame of its own)"
-    ours = [f for f in frames if "/moe_lab/" in f[0].replace("\\", "/")]
-
-    def name(f):
-        return f"{f[2]} at {os.path.basename(f[0])}:{f[1]}"
-
-    if ours and ours[-1] != frames[-1]:
-        return f"{name(frames[-1])} (called from {name(ours[-1])})"
-    return name(frames[-1])
-
-
-def _is_engine(p) -> bool:
-    return any("ipyparallel.engine" in a for a in p.info.get("cmdline") or ())
-
-
-def _pid_gone(pid: int) -> str | None:
-    """None while `pid` runs; otherwise how it ended, as far as this process can tell."""
-    import psutil
-
-    try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return "process exited"
-        return None
-    except psutil.NoSuchProcess:
-        return "process gone"
-    except psutil.Error:
-        return None
-
-
-def _describe_exit(code) -> str:
-    if isinstance(code, int) and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def cluster_processes(profile_dir: str, exclude: tuple[int, ...] = ()) -> list:
-    """psutil processes of the cluster at `profile_dir`: controller, schedulers, engines and their nannies (ipyparallel
-    gives them IPP_PROFILE_DIR) and the watchdog (the path is on its command line). Zombies are left out."""
-    import psutil
-
-    out = []
-    me = os.getpid()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        if p.info["pid"] in (me, *exclude):
-            continue
-        try:
-            ours = any(profile_dir in arg for arg in p.info["cmdline"] or ())
-            if not ours and any("ipyparallel" in a for a in p.info["cmdline"] or ()):
-                ours = p.environ().get("IPP_PROFILE_DIR") == profile_dir
-            if ours and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:  # gone, or another user's process
-            continue
-    return out
-
-
-def kill_cluster_processes(profile_dir: str, exclude: tuple[int, ...] = (), term_wait_s: float = 3.0) -> list[int]:
-    """SIGTERM, then SIGKILL, every process of the cluster at `profile_dir`; returns the pids that were found."""
-    import psutil
-
-    procs = cluster_processes(profile_dir, exclude)
-    for p in procs:
-        try:  # engines only hold lost state, and a busy one ignores SIGTERM for seconds: kill them outright
-            p.kill() if _is_engine(p) else p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=term_wait_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=2)
-    return [p.pid for p in procs]
-
-
-def _reap(owner_pid: int, profile_dir: str, poll_s: float = 0.5) -> None:
-    """The cluster's watchdog (its own process): once the owner is gone without having stopped the cluster,
-    end its controller and engines and remove the profile. Exits as soon as the profile is removed."""
-    import psutil
-
-    try:
-        owner = psutil.Process(owner_pid)
-    except psutil.NoSuchProcess:
-        owner = None
-    while os.path.isdir(profile_dir):
-        try:
-            if owner is None or not owner.is_running() or owner.status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(poll_s)
-    else:
-        return
-    kill_cluster_processes(profile_dir)
-    shutil.rmtree(profile_dir, ignore_errors=True)
-
-
-def assign_ranks(engines: list[tuple[int, str]], launcher_ranks: dict[int, int] | None = None) -> list[dict]:
-    """Rank order for engines given as (engine id, node): the ranks of one node are contiguous, the node of the first
-    engine comes first (so that engine is rank 0, as on one machine), the other nodes by name, and engines keep their
-    order within a node. local_rank is the engine's index on its node (its GPU there), local_world the engines on
-    that node.
-
-    "Order" is the engine id, or the rank the launcher gave each process (`launcher_ranks`: engine id → MPI rank or
-    SLURM_PROCID) when every engine has a distinct one: ids follow registration, and an engine that asks for its MPI
-    rank as id gets another one while the hub still holds an engine of that id (after a restart).
-    """
-    if not engines:
-        return []
-    lr = launcher_ranks or {}
-    use_lr = len({lr.get(eid) for eid, _ in engines} - {None}) == len(engines)
-
-    def order(e):
-        return (lr[e[0]], e[0]) if use_lr else (e[0],)
-
-    first = min(engines, key=order)[1]
-    counts = Counter(node for _, node in engines)
-    seen: Counter = Counter()
-    placed = []
-    for rank, (eid, node) in enumerate(sorted(engines, key=lambda e: (e[1] != first, e[1], order(e)))):
-        placed.append(dict(rank=rank, engine=eid, node=node, local_rank=seen[node], local_world=counts[node]))
-        seen[node] += 1
-    return placed
-
-
-def _launcher_rank(env: dict) -> int | None:
-    """The rank mpiexec (Open MPI, PMIx, MPICH/PMI) or srun gave a process, from dist.launcher_env; None if none."""
-    for key in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if str(env.get(key, "")).isdigit():
-            return int(env[key])
-    return None
 
 
 def _registered(client, ids=None) -> set[tuple[int, str]]:
@@ -761,92 +469,8 @@ def _registered(client, ids=None) -> set[tuple[int, str]]:
     return {(eid, str(engines.get(eid, ""))) for eid in (client.ids if ids is None else ids)}
 
 
-def profile_parent(cfg: ClusterConfig) -> str | None:
-    """Directory for the private profile: cfg.profile_root, else the temp dir on one machine and ~/.moe_lab/ipp
-    for launchers whose engines run elsewhere (a Slurm node's /tmp is its own; home is shared)."""
-    if not cfg.profile_root and cfg.launcher == "local":
-        return None
-    root = os.path.expanduser(cfg.profile_root or SHARED_PROFILE_ROOT)
-    os.makedirs(root, exist_ok=True)
-    return root
-
-
-_LAUNCHER_COMMAND = {"mpi": ("mpi_cmd", "install Open MPI or MPICH (e.g. apt-get install openmpi-bin) or set "
-                                        "launcher_options['mpi_cmd']"),
-                     "slurm": ("submit_command", "run on a Slurm login node, or set launcher_options['submit_command']"),
-                     "ssh": ("ssh_cmd", "install an ssh client, or set launcher_options['ssh_cmd']")}
-
-
-def launcher_settings(cfg: ClusterConfig) -> dict:
-    """Keyword arguments of ipyparallel's Cluster for cfg.launcher: engines=<launcher>, a traitlets Config from
-    launcher_options, and, for engines on other hosts, a controller listening on every interface.
-
-    Each option is checked against the traits of the class it names (traitlets would ignore a misspelt name), and
-    the launcher's command (mpiexec, sbatch, ssh) must be on PATH: bad input fails here, before anything starts.
-    """
-    from ipyparallel.cluster import launcher as ipl
-    from traitlets.config import Config
-
-    engine_cls = ipl.find_launcher_class(cfg.launcher, "engine")
-    conf = Config()
-    for key, value in cfg.launcher_options.items():
-        cls_name, _, trait = key.rpartition(".")
-        cls = _ipp_class(cls_name, key) if cls_name else engine_cls
-        traits = cls.class_traits(config=True)
-        if trait not in traits:
-            raise ValueError(f"launcher_options[{key!r}]: {cls.__name__} has no setting {trait!r}; "
-                             f"its settings are {', '.join(sorted(traits))}")
-        conf[cls.__name__][trait] = value
-    mine = conf[engine_cls.__name__] if engine_cls.__name__ in conf else {}
-    if cfg.launcher in _LAUNCHER_COMMAND:
-        trait, fix = _LAUNCHER_COMMAND[cfg.launcher]
-        cmd = mine.get(trait) or engine_cls.class_traits()[trait].default()
-        if not shutil.which(cmd[0]):
-            raise ValueError(f"launcher ({cfg.launcher!r}) runs {cmd[0]!r}, which is not on PATH: {fix}")
-    if cfg.launcher == "mpi":
-        import importlib.util
-
-        if importlib.util.find_spec("mpi4py") is None:
-            raise ValueError("launcher ('mpi') starts `ipengine --mpi`, which imports mpi4py: "
-                             f"{sys.executable} -m pip install mpi4py")
-    if cfg.launcher == "ssh":
-        _check_ssh_hosts(mine.get("engines"), cfg.engines)
-    kwargs: dict = dict(engines=cfg.launcher, config=conf)
-    if cfg.launcher != "local" and not ("Cluster" in conf and "controller_ip" in conf["Cluster"]):
-        kwargs["controller_ip"] = "*"  # engines on other hosts connect to it; the key in the profile signs messages
-    return kwargs
-
-
-def _ipp_class(name: str, key: str):
-    import ipyparallel as ipp
-    from ipyparallel.cluster import launcher as ipl
-
-    cls = ipp.Cluster if name == "Cluster" else getattr(ipl, name, None)
-    if not isinstance(cls, type) or not hasattr(cls, "class_traits"):
-        raise ValueError(f"launcher_options[{key!r}]: {name!r} is neither ipyparallel's Cluster nor one of its "
-                         "launcher classes (e.g. 'Cluster.controller_ip', 'MPILauncher.mpi_args')")
-    return cls
-
-
-def _check_ssh_hosts(hosts, engines: int) -> None:
-    """ipyparallel's ssh launcher starts engines only where launcher_options['engines'] puts them."""
-    if not isinstance(hosts, dict) or not hosts:
-        raise ValueError("launcher ('ssh') needs launcher_options['engines'] = {host: engines on it}, "
-                         "e.g. {'gpu-a': 8, 'gpu-b': 8}")
-    placed = 0
-    for host, n in hosts.items():
-        n = n.get("n", 1) if isinstance(n, dict) else n
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"launcher_options['engines'][{host!r}] ({n!r}) must be a positive number of engines")
-        placed += n
-    if placed != engines:
-        raise ValueError(f"launcher_options['engines'] places {placed} engines on {len(hosts)} host(s), "
-                         f"but engines is {engines}: make them equal")
-
-
 def env_pairs(d: dict | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in (d or {}).items()))
 
 
-__all__ = ["Cluster", "ClusterError", "default_config", "visible_gpus", "env_pairs", "cluster_processes",
-           "kill_cluster_processes", "assign_ranks", "launcher_settings"]
+__all__ = ["Cluster", "ClusterError", "default_config", "env_pairs"]

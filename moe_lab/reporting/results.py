@@ -8,13 +8,8 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
 
 logger = logging.getLogger(__name__)
-
-# The fields that say which measurement a record is: a rerun that finds a record with the same values skips the case.
-# Environment fields are part of it: the same config on another release, world size or GPU is another measurement.
-KEY_FIELDS = ("notebook", "config", "cut", "remedy", "world", "device", "gpu", "megatron_core")
 
 
 class ResultsFileError(RuntimeError):
@@ -59,6 +54,7 @@ def append(path: str | os.PathLike, records: list[dict], **common) -> list[dict]
                 json.dump(data, f, indent=1, default=_default)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report file gets ordinary permissions (#16)
             os.replace(tmp, p)
         except BaseException:
             if os.path.exists(tmp):
@@ -82,37 +78,10 @@ def _locked(directory: Path):
         os.close(fd)  # closing releases the lock
 
 
-def case_key(record: dict) -> str:
-    """The identity of a measurement: its `KEY_FIELDS` (missing ones count as None) as canonical JSON."""
-    return json.dumps({k: record.get(k) for k in KEY_FIELDS}, sort_keys=True, default=_default)
-
-
-def done_keys(path: str | os.PathLike, key: Callable[[dict], str] = case_key) -> set[str]:
-    """Keys of the cases already in `path` (none if it does not exist; ResultsFileError if it is unreadable)."""
-    return {key(r) for r in load(path)}
-
-
-def resume(path: str | os.PathLike, cases: Iterable[Any], run: Callable[[Any], dict],
-           *, key: Callable[[Any], dict], **common) -> list[dict]:
-    """A sweep that survives crashes and reruns: `run(case)` for each case not yet measured in `path`, each record
-    appended the moment it is finished; cases measured before are read back instead of run again.
-
-    key(case) gives the identifying fields of the record that case would produce (see KEY_FIELDS, e.g.
-    `{**cluster.summary(), "config": cfg.asdict(), "cut": cut}`); `common` is added to every new record and to the
-    key (e.g. notebook="01"). Returns one record per case, in the order of `cases`.
-    """
-    done: dict[str, dict] = {}
-    for r in load(path):
-        done[case_key(r)] = r  # a case measured twice: the latest record wins
-    out = []
-    for case in cases:
-        k = case_key({**key(case), **common})
-        if k in done:
-            logger.info("already measured, skipped: %s", k)
-            out.append(done[k])
-            continue
-        out.extend(append(path, [run(case)], **common))
-    return out
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _default(o):

@@ -79,6 +79,38 @@ def check_router_dtype(router_dtype: str, version: str) -> None:
         )
 
 
+def check_config(cfg, version: str) -> None:
+    """Everything about a MoEConfig that depends on the megatron-core release: the one place that checks a config
+    against a release (controller side, before an engine runs it; ValueError naming the field)."""
+    check_router_dtype(cfg.router_dtype, version)
+
+
+# ---------------------------------------------------------------------------------------------- dispatcher API
+
+# Token dispatcher methods → stage name and the names of their outputs. 0.13+ split the dispatch into pre / comm /
+# post steps; 0.11–0.12 had one permutation and one unpermutation method.
+DISPATCHER_METHODS = {
+    "dispatch_preprocess": ("dispatch.pre", ("tokens", "probs")),
+    "token_dispatch": ("dispatch.comm", ("tokens", "probs")),
+    "dispatch_postprocess": ("dispatch.post", ("tokens", "tokens_per_expert", "probs")),
+    "combine_preprocess": ("combine.pre", None),
+    "token_combine": ("combine.comm", None),
+    "combine_postprocess": ("combine.post", None),
+    # 0.11 / 0.12
+    "token_permutation": ("dispatch.permuted", ("tokens", "tokens_per_expert", "probs")),
+    "token_unpermutation": ("combine.unpermuted", ("out", "bias")),
+}
+
+
+def dispatcher_entry(dispatcher) -> tuple[str, int]:
+    """The dispatcher method that receives the routing probs, and the position of `probs` among its arguments:
+    `dispatch_preprocess(hidden, routing_map, probs)` from 0.13, `token_permutation(hidden, probs, routing_map)`
+    before."""
+    if hasattr(dispatcher, "dispatch_preprocess"):
+        return "dispatch_preprocess", 2
+    return "token_permutation", 1
+
+
 # ---------------------------------------------------------------------------------------------- CPU shims
 
 

@@ -34,7 +34,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from . import compat
+from ..engine import compat
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,13 @@
-"""What makes a token's MoE output depend on the rest of the batch, and the switches that remove it (notebook 04).
+"""Remedies and lab toggles, applied to a built layer for one block (never by editing megatron-core), and the
+EMULATIONS of GPU mechanisms that make a token's MoE output depend on the rest of the batch (notebook 04).
 
 - EMULATIONS of GPU mechanisms, for machines whose kernels are batch invariant (CPU): `splitk` (an expert GEMM's
   K reduction split chosen from its row count M, as cuBLAS's heuristic does) and `atomics` (the combine summing a
   token's expert outputs in a random order, rounding every add, as `scatter_add_` on GPUs without deterministic mode);
 - REMEDIES: `deterministic` (torch.use_deterministic_algorithms), `tiled_experts` (every expert GEMM on fixed T-row
   tiles), `ordered_combine` (fp32, expert order, no atomics), `no_splitk` (cuBLAS may not split K); `padding_mask`
-  is megatron's own forward argument, applied by the caller (truncation.engine_cases).
+  is megatron's own forward argument, applied by the caller (truncation); the lab toggle `probs_fp32_before_gather`
+  is the seed reporter's cast (notebooks 02, 03).
 
 Pure functions first (testable without a layer), then context managers that patch one built layer's instances or
 megatron's module attribute `token_dispatcher.unpermute` for a block, never megatron's files; `toggles` combines them.
@@ -14,6 +16,7 @@ megatron's module attribute `token_dispatcher.unpermute` for a block, never mega
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 
@@ -284,17 +287,48 @@ def ordered_combine():
     return _unpermute_patched(make)
 
 
-@contextlib.contextmanager
 def deterministic():
     """Remedy: torch.use_deterministic_algorithms(True, warn_only=True) for the block, previous state restored."""
-    from . import measure
+    from ..engine import toolkit
 
-    prev, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    measure.set_deterministic(True)
+    return toolkit.deterministic(True)
+
+
+@contextlib.contextmanager
+def probs_fp32_before_gather(layer, on: bool = True):
+    """Lab toggle, the seed reporter's fix: routing probs cast to fp32 before the dispatcher communicates them.
+
+    Wraps the dispatcher's entry point (`compat.dispatcher_entry`) so the probs it receives are fp32; whatever
+    megatron does downstream with `probs.dtype` follows from that.
+    """
+    if not on:
+        yield
+        return
+    from ..engine import compat
+
+    disp = layer.token_dispatcher
+    name, i = compat.dispatcher_entry(disp)
+    orig = getattr(disp, name)
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if "probs" in kwargs:
+            kwargs["probs"] = _fp32(kwargs["probs"])
+        else:
+            args = list(args)
+            args[i] = _fp32(args[i])
+        return orig(*args, **kwargs)
+
+    setattr(disp, name, wrapper)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(prev, warn_only=warn)
+        if name in vars(disp):
+            delattr(disp, name)
+
+
+def _fp32(p: torch.Tensor) -> torch.Tensor:
+    return p.float() if p.dtype in (torch.bfloat16, torch.float16) else p
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Notebook 04's records → seaborn figures. No numerics here: every number comes from moe_lab.truncation records."""
+"""Notebook 04's records → seaborn figures. No numerics here: every number comes from the records of
+moe_lab.experiments.truncation; no torch either."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from matplotlib.ticker import FuncFormatter
 import pandas as pd
 import seaborn as sns
 
-from .truncation import label
+from ..experiments.labels import label
 
 PASS, FAIL = "#3b8a4e", "#c0392b"
 

@@ -1,4 +1,6 @@
-"""Config + seed → a MoE layer with the same weights on every run, and the same input tokens on every rank."""
+"""Runs on engines: "the layer" — the real megatron-core MoELayer for a config (built through `compat`), its weights
+seeded so that they depend only on (seed, global expert, tensor), one cached per engine; and the input tokens,
+identical on every rank."""
 
 from __future__ import annotations
 
@@ -8,12 +10,16 @@ import zlib
 
 import torch
 
+from ..config import MoEConfig
 from . import compat
-from .config import MoEConfig
+from .dist import STATE, init_parallel_state
 
 logger = logging.getLogger(__name__)
 
 INIT_STD = 0.02  # megatron's default init_method_std
+# Fields that change the built layer (the rest — seq_len, deterministic, probs_fp32_gather — only how it is run).
+_LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed")
+MAX_LAYERS = 2  # layers kept per engine: a case's and the plain one its cost is paired with
 _EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 
 
@@ -82,3 +88,43 @@ def truncate(tokens: torch.Tensor, cut: int) -> torch.Tensor:
     t = tokens.clone()
     t[cut:] = 0
     return t
+
+
+def get_layer(cfg: MoEConfig):
+    """The MoE layer for `cfg` on this rank, built once per layer-defining config (a warm cluster reuses it)."""
+    import torch.distributed as tdist
+
+    world = tdist.get_world_size()
+    ep = cfg.resolved_ep(world)
+    init_parallel_state(tp=cfg.tp, ep=ep)
+    key = tuple(getattr(cfg, k) for k in _LAYER_KEYS)
+    layers = STATE.setdefault("layers", {})
+    if key in layers:
+        layers[key] = layers.pop(key)  # most recently used last
+    else:
+        while len(layers) >= MAX_LAYERS:  # a case and its plain reference; the seed config's experts take GBs
+            layers.pop(next(iter(layers)))
+        if STATE["device"] == "cuda":
+            torch.cuda.empty_cache()
+        from megatron.core import parallel_state as ps
+
+        layer = compat.build_moe_layer(cfg, ep=ep, tp=cfg.tp, device=STATE["device"])
+        n = init_weights(layer, cfg, ep_rank=ps.get_expert_model_parallel_rank(),
+                         tp_rank=ps.get_tensor_model_parallel_rank(), tp=cfg.tp)
+        names = [name for name, _ in layer.named_parameters()]
+        if n != len(names):  # megatron's init is off (perform_initialization=False): every tensor must be seeded
+            raise RuntimeError(f"megatron-core {compat.installed_version()}: seeded {n} of {len(names)} parameters "
+                               f"({names}); teach layer.init_weights the new names")
+        layers[key] = layer
+    return layers[key]
+
+
+def weights_fingerprint(cfg_dict: dict, *, rebuild: bool = False) -> dict[str, str]:
+    """Fingerprint of every parameter of this rank's layer for `cfg_dict` (rebuild=True builds it afresh)."""
+    from .. import metrics
+
+    cfg = MoEConfig(**cfg_dict)
+    if rebuild:
+        STATE.get("layers", {}).clear()
+    layer = get_layer(cfg)
+    return {name: metrics.fingerprint(p) for name, p in layer.named_parameters()}

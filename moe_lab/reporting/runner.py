@@ -15,11 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-from . import profiles
+from .. import profiles
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 REPORTS = ROOT / "reports"
 NB_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
@@ -43,7 +43,7 @@ def select(only: str | None, nb_dir: Path = NOTEBOOKS) -> list[tuple[str, Path]]
 
 
 def default_profile() -> str:
-    from .cluster import visible_gpus
+    from ..controller.placement import visible_gpus
 
     return "gpu" if visible_gpus() else "cpu"
 
@@ -319,7 +319,7 @@ def _meta(profile: str, params: dict) -> dict:
 
     import torch
 
-    from . import compat
+    from ..engine import compat
 
     return {"profile": profile, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,

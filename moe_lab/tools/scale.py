@@ -1,7 +1,7 @@
 """Scale plan: per-GPU memory and compute of one MoE layer forward as the lab runs it, by explicit calculation (#8).
 
 What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local spec, `SequentialMLP`, no TE, eval,
-`torch.no_grad()`, which is what `measure.forward` runs):
+`torch.no_grad()`, which is what `engine.toolkit.forward` runs):
 
 - **parameters**: the router weight [experts x hidden] and, per local expert (experts / EP), `linear_fc1`
   [ffn (x2 if gated) x hidden] and `linear_fc2` [hidden x ffn], all in the layer dtype. megatron creates the router
@@ -25,7 +25,7 @@ What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local sp
   expected value under uniform routing), times `imbalance`. `scenario="truncation"`: the lab's own truncation input,
   the same on every rank with tokens[cut:] = 0; zero tokens have all-zero logits and go to experts 0..topk-1, so the
   rank holding those experts gets EP x (seq - cut) x min(topk, local experts) rows — EP times the balanced load.
-- **the lab around the layer** (`measure.run_case`): the input tokens, up to three kept outputs and the truncated
+- **the lab around the layer** (the probe, `experiments.probe.on_engine`, one trial): the input tokens, up to three kept outputs and the truncated
   input, `metrics.compare` (75 B per compared element, int64/fp64 temporaries; pinned by a unit test with the
   CPU allocator's profiler) and `metrics.fingerprint` (bounded: it hashes in chunks of 2**22 words on GPUs, 2**18 on
   CPU, 16 B per word of a chunk, + 8 on CPU; a fixed 1.06 MiB weight table per device stays). On GPUs the comparisons run on the device, so they
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 
-from .config import MoEConfig
+from ..config import MoEConfig
 
 GIB = 2**30
 H200_HBM_BYTES = 141 * 10**9
@@ -312,7 +312,7 @@ def capture_bytes(cfg: MoEConfig, ep: int, counts: list[int]) -> int:
 
 def lab_phases(cfg: MoEConfig, ep: int, *, fwd_plain: int, fwd_trunc: int, cut: int, capture: bool,
                cap_bytes: int, device: str = "cuda") -> list[tuple[str, int]]:
-    """`measure.run_case` on one rank: [(step, bytes)] beyond parameters + persistent buffer + the input tokens +
+    """The probe (one trial) on one rank: [(step, bytes)] beyond parameters + persistent buffer + the input tokens +
     the fingerprint's weight table (1.06 MiB per device, kept from the first call).
 
     Forwards 1-3 (plain, rerun, truncated input) keep their outputs; `time_forward` runs once more; the two
@@ -428,300 +428,3 @@ def min_ep(cfg: MoEConfig, moe_layers: int, *, dispatcher: str = "alltoall", **k
         if plan(cfg, ep, dispatcher=dispatcher, moe_layers=moe_layers, **kw)["model_fits"]:
             return ep
     return None
-
-
-def _gib(b) -> str:
-    return f"{b / GIB:.2f}"
-
-
-def format_plan(rows, *, title: str | None = None) -> str:
-    """A markdown table of `plan` rows (a DataFrame or a list of dicts), GiB per GPU."""
-    recs = rows.to_dict("records") if hasattr(rows, "to_dict") else list(rows)
-    if not recs:
-        return ""
-    r0 = recs[0]
-    head = title or (f"hidden {r0['hidden']}, {r0['num_experts']} experts, top-{r0['topk']}, expert ffn "
-                     f"{r0['ffn_hidden']}{' (gated: fc1 x2)' if r0['gated'] else ''}, {r0['seq_len']} tokens per "
-                     f"rank, {r0['dtype']}, router dtype {r0['router_dtype']}")
-    budget = r0["usable_bytes"] - r0["reserve_bytes"]
-    lines = [
-        head,
-        "",
-        f"GiB per GPU (busiest rank); fits = lab peak <= {_gib(r0['usable_bytes'])} usable - "
-        f"{_gib(r0['reserve_bytes'])} reserve = {_gib(budget)} GiB; time: ESTIMATE at {r0['tflops']:g} TFLOP/s",
-        "",
-        "| dispatcher | EP | local experts | params | tokens seen | rows (trunc.) | forward | forward, trunc. input "
-        "| layer peak | lab peak | fits | layers fit | expert GFLOP | est. ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
-    ]
-    for r in recs:
-        fwd = r["forward_bytes"] + r["persistent_bytes"]
-        fwd_t = r["forward_truncation_bytes"] + r["persistent_bytes"]
-        lines.append(
-            f"| {r['dispatcher']} | {r['ep']} | {r['local_experts']} | {_gib(r['param_bytes'])} | {r['tokens_seen']} "
-            f"| {r['rows']} ({r['rows_truncation']}) | {_gib(fwd)} | {_gib(fwd_t)} | {_gib(r['layer_peak_bytes'])} "
-            f"| {_gib(r['lab_peak_bytes'])} | {'yes' if r['fits'] else 'NO'} | {r['moe_layers_fit']} "
-            f"| {r['expert_flops'] / 1e9:.1f} | {r['est_ms']:.2f} |")
-    lines += [
-        "",
-        "forward: activations of one plain forward incl. allgather's kept token buffer (balanced routing); "
-        "trunc. input: the lab's truncated tokens (zeros route to experts 0..topk-1 on one rank); layer peak: "
-        "params + input + forward; lab peak: `measure.run_case` (3 kept outputs, compare, fingerprint); layers fit: "
-        "how many such layers' params fit beside one forward.",
-    ]
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- measured (engines)
-
-
-def measure_layer(cfg_dict: dict, *, cut: int = 90) -> dict:
-    """Engine side: build the layer through the lab's own path (`measure.get_layer`) and measure it.
-
-    Returns the parameter bytes (exact), rows per local expert seen by this rank for the plain and the truncated
-    input, and the forward's peak allocation above what was allocated before it: `torch.cuda.max_memory_allocated`
-    on GPUs; on CPU the allocator events of the torch profiler (exact for tensors torch allocates; gloo's own
-    buffers are not in it). A warm-up forward runs first, so allgather's global buffer is already allocated.
-    """
-    import torch
-    import torch.distributed as tdist
-
-    from . import measure, model
-    from .dist import STATE
-
-    cfg = MoEConfig(**cfg_dict)
-    layer = measure.get_layer(cfg)
-    dev = STATE["torch_device"]
-    params = {n: p.numel() * p.element_size() for n, p in layer.named_parameters()}
-    buffers = sum(b.numel() * b.element_size() for b in layer.buffers())
-    tokens = model.make_tokens(cfg, dev)
-    trunc = model.truncate(tokens, cut)
-    ep = tdist.get_world_size() // cfg.tp
-    local = list(layer.local_expert_indices)
-
-    def counts(x):  # the same tokens on every rank: this rank's experts see EP copies of their rows
-        with torch.no_grad():
-            _, rmap = layer.router(x)
-        per = rmap.reshape(-1, cfg.num_experts).sum(dim=0)
-        return [int(ep * per[e]) for e in local]
-
-    measure.set_deterministic(cfg.deterministic)
-    try:
-        measure.forward(layer, tokens)  # warm-up: global buffer, cuBLAS handles, router weight placement
-        res = {"rank": tdist.get_rank(), "device": STATE["device"], "param_bytes": sum(params.values()),
-               "param_bytes_by_name": params, "buffer_bytes": buffers, "local_experts": local,
-               "counts": counts(tokens), "counts_truncation": counts(trunc)}
-        for key, x in (("forward", tokens), ("forward_truncation", trunc)):
-            res[key] = _peak(lambda x=x: measure.forward(layer, x), STATE["device"], dev)
-        del tokens, trunc  # run_case makes its own
-        if STATE["device"] == "cuda":
-            torch.cuda.synchronize(dev)
-            res["allocated_bytes"] = torch.cuda.memory_allocated(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-            measure.run_case(cfg_dict, cut=cut, repeats=1)
-            torch.cuda.synchronize(dev)
-            res["run_case_peak_bytes"] = torch.cuda.max_memory_allocated(dev)
-            res["run_case_allocated_after_bytes"] = torch.cuda.memory_allocated(dev)
-        return res
-    finally:
-        measure.set_deterministic(False)
-
-
-def _peak(fn, device: str, dev) -> dict:
-    """Peak bytes allocated while `fn` runs, above what was allocated when it started; and what stays after."""
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize(dev)
-        before = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        out = fn()
-        torch.cuda.synchronize(dev)
-        peak, after = torch.cuda.max_memory_allocated(dev), torch.cuda.memory_allocated(dev)
-        del out
-        return {"peak_bytes": peak - before, "kept_bytes": after - before}
-    return _cpu_peak(fn)
-
-
-def _cpu_peak(fn) -> dict:
-    """CPU: the torch profiler's allocator events ('Total Allocated' runs on across profiler sessions, so the
-    baseline is the first event's total minus its own size)."""
-    import json
-    import os
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()  # kept past the profile, as on GPU: kept_bytes includes the output
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = [e["args"] for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
-    finally:
-        os.remove(path)
-    del out
-    if not events:
-        return {"peak_bytes": 0, "kept_bytes": 0}
-    base = events[0]["Total Allocated"] - events[0]["Bytes"]
-    return {"peak_bytes": max(e["Total Allocated"] for e in events) - base,
-            "kept_bytes": events[-1]["Total Allocated"] - base}
-
-
-def compare_measured(cfg: MoEConfig, ep: int, per_rank: list[dict], *, device: str, cut: int = 90) -> dict:
-    """Measured (`measure_layer` on every rank) against calculated, with the measured rows per expert fed in.
-
-    Parameters must agree exactly. Forward peaks are the allocation above what was allocated before the forward
-    (the global buffer already there), so the calculation subtracts `persistent_bytes`. On GPUs `run_case` is also
-    measured whole (absolute `max_memory_allocated`) against the plan's lab peak.
-    """
-    pers = persistent_bytes(cfg, ep)
-    calc_params = param_bytes(cfg, ep)["total"]
-    ranks = []
-    for m in per_rank:
-        r = {"rank": m["rank"], "param_bytes": m["param_bytes"], "param_bytes_calc": calc_params,
-             "buffer_bytes": m["buffer_bytes"], "counts": m["counts"], "counts_truncation": m["counts_truncation"]}
-        for key, ck in (("forward", "counts"), ("forward_truncation", "counts_truncation")):
-            calc = forward_peak(cfg, ep, counts=m[ck], device=device)
-            r[key] = m[key]["peak_bytes"]
-            r[key + "_calc"] = calc["bytes"] - pers
-            r[key + "_step"] = calc["step"]
-            r[key + "_ratio"] = r[key] / r[key + "_calc"]
-        if "run_case_peak_bytes" in m:
-            p = plan(cfg, ep, counts=m["counts"], counts_truncation=m["counts_truncation"], cut=cut, device=device)
-            r.update(run_case_peak=m["run_case_peak_bytes"], run_case_peak_calc=p["lab_peak_bytes"],
-                     run_case_step_calc=p["lab_step"], allocated_before=m["allocated_bytes"],
-                     run_case_ratio=m["run_case_peak_bytes"] / p["lab_peak_bytes"])
-        ranks.append(r)
-    return {"config": cfg.asdict(), "ep": ep, "device": device, "cut": cut,
-            "params_equal": all(r["param_bytes"] == r["param_bytes_calc"] for r in ranks), "ranks": ranks}
-
-
-def measured(cfgs: list[MoEConfig], *, device: str | None = None, engines: int | None = None, cut: int = 90,
-             timeout_s: float = 600.0) -> list[dict]:
-    """Controller side: start a cluster (EP = engines) and `compare_measured` every config on it."""
-    from .cluster import Cluster, default_config
-
-    ccfg = default_config(device=device, engines=engines, timeout_s=timeout_s)
-    ep = ccfg.engines
-    for cfg in cfgs:
-        cfg.resolved_ep(ep)
-        check_ep(cfg, ep)
-        if not 0 < cut < cfg.seq_len:
-            raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({cfg.seq_len - 1})")
-    out = []
-    with Cluster(ccfg) as c:
-        for cfg in cfgs:
-            per_rank = c.run(measure_layer, cfg.asdict(), cut=cut, what=f"scale {cfg.dispatcher}/{cfg.router_dtype}")
-            out.append(compare_measured(cfg, ep, per_rank, device=ccfg.device, cut=cut))
-    return out
-
-
-def _mib(b) -> str:
-    return f"{b / 2**20:.1f}"
-
-
-def format_measured(records: list[dict]) -> str:
-    """Measured vs calculated, one line per config (the rank whose forward peaks highest), MiB."""
-    lines = ["| layer | dispatcher / router | EP | device | params: measured = calculated | forward MiB: measured / "
-             "calculated | truncated input MiB: measured / calculated | run_case peak MiB: measured / calculated |",
-             "| --- | --- | ---: | --- | --- | --- | --- | --- |"]
-    for rec in records:
-        c = rec["config"]
-        w = max(rec["ranks"], key=lambda r: r["forward_truncation"])
-        f = max(rec["ranks"], key=lambda r: r["forward"])
-        rc = max(rec["ranks"], key=lambda r: r.get("run_case_peak", 0))
-        run = (f"{_mib(rc['run_case_peak'])} / {_mib(rc['run_case_peak_calc'])} ({rc['run_case_ratio']:.3f})"
-               if "run_case_peak" in rc else "—")
-        lines.append(
-            f"| {c['hidden']}/{c['num_experts']}e/top-{c['topk']}/ffn {c['ffn_hidden']}/{c['seq_len']} tok "
-            f"| {c['dispatcher']} / {c['router_dtype']}{' / det' if c['deterministic'] else ''} | {rec['ep']} "
-            f"| {rec['device']} | {_mib(f['param_bytes'])} MiB: {'yes' if rec['params_equal'] else 'NO'} "
-            f"| {_mib(f['forward'])} / {_mib(f['forward_calc'])} ({f['forward_ratio']:.3f}, {f['forward_step']}) "
-            f"| {_mib(w['forward_truncation'])} / {_mib(w['forward_truncation_calc'])} "
-            f"({w['forward_truncation_ratio']:.3f}, {w['forward_truncation_step']}) | {run} |")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-
-
-def _ints(s: str) -> list[int]:
-    import argparse
-
-    try:
-        vals = [int(v) for v in s.split(",") if v.strip()]
-    except ValueError:
-        vals = []
-    if not vals or any(v < 1 for v in vals):
-        raise argparse.ArgumentTypeError(f"{s!r}: expected a comma list of positive integers, e.g. 8,16,32")
-    return vals
-
-
-DEFAULT_EPS = {"seed": [2, 4, 8], "deepseek-v3": [8, 16, 32, 64]}
-
-
-def add_arguments(p):
-    """The options of `moe-lab scale`."""
-    from .config import DISPATCHERS, ROUTER_DTYPES
-
-    p.add_argument("--preset", choices=tuple(DEFAULT_EPS), default="seed",
-                   help="seed: the seed report's layer; deepseek-v3: hidden 7168, 256 experts, top-8, ffn 2048")
-    p.add_argument("--ep", type=_ints, default=None, help="comma list (default: seed 2,4,8; deepseek-v3 8,16,32,64)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per rank (default: seed 1024, deepseek-v3 4096)")
-    p.add_argument("--dispatcher", default="allgather,alltoall", help="comma list: " + ",".join(DISPATCHERS))
-    p.add_argument("--router-dtype", choices=ROUTER_DTYPES, default="none")
-    p.add_argument("--gated", action="store_true", help="fc1 x2 (SwiGLU, as DeepSeek-V3; the lab builds gelu)")
-    p.add_argument("--imbalance", type=float, default=1.0, help="rows of the busiest rank / seq x topk (>= 1)")
-    p.add_argument("--cut", type=int, default=90, help="the truncation test's cut (tokens[cut:] = 0)")
-    p.add_argument("--capture", action="store_true", help="count full stage capture (capture.run_with_capture)")
-    p.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS, help="sustained TFLOP/s for the time ESTIMATE")
-    p.add_argument("--reserve-gib", type=float, default=DEFAULT_RESERVE_BYTES / GIB,
-                   help="GiB held back from the 139 GiB of an H200 for CUDA context, NCCL, fragmentation")
-    p.add_argument("--json", action="store_true", help="JSON records on stdout instead of the table")
-    p.add_argument("--measure", action="store_true",
-                   help="also build the layer on engines (EP = engines) and compare measured with calculated")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="--measure: default cuda if a GPU is visible")
-    p.add_argument("--engines", type=int, default=None, help="--measure: default one per GPU (cuda) or 4 (cpu)")
-    return p
-
-
-def cmd(a) -> int:
-    """`moe-lab scale`: the plan table (or JSON) for a preset; with --measure, measured against calculated."""
-    import json
-
-    from .config import DISPATCHERS
-
-    disps = [v.strip() for v in a.dispatcher.split(",") if v.strip()]
-    bad = [v for v in disps if v not in DISPATCHERS]
-    if bad or not disps:
-        raise ValueError(f"--dispatcher {a.dispatcher!r}: each value must be one of {', '.join(DISPATCHERS)}")
-    cfg = presets()[a.preset].replace(router_dtype=a.router_dtype)
-    if a.seq is not None:
-        cfg = cfg.replace(seq_len=a.seq)
-    eps = a.ep or DEFAULT_EPS[a.preset]
-    for ep in eps:
-        check_ep(cfg, ep)
-    if not a.reserve_gib >= 0:
-        raise ValueError(f"--reserve-gib ({a.reserve_gib}) must be >= 0")
-    kw = dict(gated=a.gated, imbalance=a.imbalance, cut=a.cut, capture=a.capture, tflops=a.tflops,
-              reserve_bytes=int(a.reserve_gib * GIB))
-    moe_layers = DEEPSEEK_V3_MOE_LAYERS if a.preset == "deepseek-v3" else None
-    rows = [plan(cfg, ep, dispatcher=d, moe_layers=moe_layers, **kw) for d in disps for ep in eps]
-    recs = None
-    if a.measure:
-        recs = measured([cfg.replace(dispatcher=d) for d in disps], device=a.device, engines=a.engines, cut=a.cut)
-    if a.json:
-        print(json.dumps({"plan": rows, "measured": recs}, indent=2))
-        return 0
-    print(format_plan(rows))
-    if moe_layers:
-        need = {d: min_ep(cfg, moe_layers, dispatcher=d, **kw) for d in disps}
-        print(f"\n{moe_layers} MoE layers (DeepSeek-V3) of this shape: parameters + one forward fit one GPU from EP = "
-              + ", ".join(f"{n if n else 'none'} ({d})" for d, n in need.items()))
-    if recs:
-        print()
-        print(format_measured(recs))
-    return 0

@@ -114,18 +114,20 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
     import torch.distributed  # noqa: F401
     from megatron.core import parallel_state  # noqa: F401
 
-    from . import compat  # noqa: F401
+    from . import compat  # noqa: F401 - the shims' module, imported with megatron-core
 
     return time.perf_counter() - t0
 
 
 def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, tp: int,
           timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False,
-          local_rank: int | None = None, local_world: int | None = None) -> dict:
-    """Join the process group (nccl on cuda, gloo on cpu) and set up megatron parallel_state (EP = world/tp).
+          local_rank: int | None = None, local_world: int | None = None, ranks_per_gpu: int = 1) -> dict:
+    """Join the process group and set up megatron parallel_state (EP = world/tp).
 
-    `local_rank` / `local_world`: this engine's index among the engines on its node, and how many run there (the
-    controller knows them from every engine's node); the GPU follows from them. Without them, rank % GPUs (one node).
+    Backend: NCCL with one rank per GPU; gloo on CPU and when `ranks_per_gpu` > 1 ranks share a GPU (virtual EP:
+    NCCL refuses two ranks on one device, gloo runs every collective megatron's dispatchers use on CUDA tensors,
+    staged through the host). `local_rank` / `local_world`: this engine's index among the engines on its node, and
+    how many run there (the controller knows them from every engine's node); the GPU follows from them.
     """
     t0 = time.perf_counter()
     prepare(device=device, extra_path=extra_path, env=env, deterministic=deterministic)
@@ -135,50 +137,55 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
     from . import compat
 
     if device == "cuda":
-        gpu = gpu_index(rank=rank, local_rank=local_rank, local_world=local_world, n_gpu=torch.cuda.device_count())
+        gpu = gpu_index(rank=rank, local_rank=local_rank, local_world=local_world, n_gpu=torch.cuda.device_count(),
+                        ranks_per_gpu=ranks_per_gpu)
         torch.cuda.set_device(gpu)
         dev = torch.device("cuda", gpu)
-        local_rank = gpu
-        backend = "nccl"
+        backend = "nccl" if ranks_per_gpu == 1 else "gloo"
         compat.fix_missing_te()
     else:
         torch.set_num_threads(1)  # N engines share the cores; oversubscription only slows every rank
         compat.apply_cpu_shims()
         dev = torch.device("cpu")
         backend = "gloo"
-        local_rank = rank if local_rank is None else local_rank
+        gpu = None
+    local_rank = rank if local_rank is None else local_rank
     timeout = datetime.timedelta(seconds=timeout_s)
     store = STATE.pop("store", None) if rank == 0 else None
     if store is None or store.port != master_port:  # rank 0 normally holds the store from open_store()
         store = tdist.TCPStore(master_addr, master_port, world, rank == 0, timeout=timeout, wait_for_workers=False)
     kwargs = dict(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    if device == "cuda":
+    if backend == "nccl":
         kwargs["device_id"] = dev  # eager NCCL init: a bad GPU fails here, not in the first collective
     tdist.init_process_group(**kwargs)
     t_pg = time.perf_counter() - t0
-    STATE.update(rank=rank, world=world, device=device, torch_device=dev, backend=backend, tp=tp,
-                 local_rank=local_rank, timeout_s=timeout_s, host=platform.node(), layers={})
+    STATE.update(rank=rank, world=world, device=device, torch_device=dev, backend=backend, tp=tp, gpu_index=gpu,
+                 local_rank=local_rank, ranks_per_gpu=ranks_per_gpu, timeout_s=timeout_s, host=platform.node(),
+                 layers={})
     init_parallel_state(tp=tp, ep=world // tp)
     info = describe()
     info.update(t_process_group_s=t_pg, t_setup_s=time.perf_counter() - t0)
     return info
 
 
-def gpu_index(*, rank: int, local_rank: int | None, local_world: int | None, n_gpu: int) -> int:
-    """The GPU of this engine among the `n_gpu` it sees: its local rank when its node has a GPU per engine; 0 when
-    the launcher gave each engine one GPU of its own (e.g. `srun --gpus-per-task=1`: each sees one);
-    rank % GPUs without a local rank (one node). Anything else is refused, naming the node."""
+def gpu_index(*, rank: int, local_rank: int | None, local_world: int | None, n_gpu: int,
+              ranks_per_gpu: int = 1) -> int:
+    """The GPU of this engine among the `n_gpu` it sees: local_rank // ranks_per_gpu when its node has a GPU for each
+    group of `ranks_per_gpu` engines; 0 when the launcher gave each engine one GPU of its own (e.g.
+    `srun --gpus-per-task=1`: each sees one); rank % GPUs without a local rank (one node). Anything else is refused,
+    naming the node."""
     node = platform.node()
     if n_gpu == 0:
         raise RuntimeError(f"rank {rank}: device='cuda' but torch sees no GPU on {node}")
     if local_rank is None:
-        return rank % n_gpu
-    if n_gpu >= (local_world or 1):
-        return local_rank
-    if n_gpu == 1:
+        return (rank // ranks_per_gpu) % n_gpu
+    need = -(-(local_world or 1) // ranks_per_gpu)
+    if n_gpu >= need:
+        return local_rank // ranks_per_gpu
+    if n_gpu == 1 and ranks_per_gpu == 1:
         return 0
-    raise RuntimeError(f"rank {rank}: {local_world} engines run on {node} but this engine sees {n_gpu} GPUs: "
-                       "start at most one engine per GPU on each node")
+    raise RuntimeError(f"rank {rank}: {local_world} engines run on {node} at {ranks_per_gpu} per GPU, but this engine "
+                       f"sees {n_gpu} GPU(s): start at most {n_gpu * ranks_per_gpu} engines on each node")
 
 
 def init_parallel_state(*, tp: int, ep: int) -> None:
@@ -190,7 +197,7 @@ def init_parallel_state(*, tp: int, ep: int) -> None:
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
-    if STATE["device"] == "cuda":
+    if STATE["device"] == "cuda":  # (also when ranks share a GPU: the seed only sets RNG states)
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
@@ -199,38 +206,47 @@ def init_parallel_state(*, tp: int, ep: int) -> None:
 
 
 def describe() -> dict:
-    """Versions and placement of this rank, for every result record."""
+    """Versions, placement and numerics switches of this rank, for every result record."""
     import torch
     import torch.distributed as tdist
-
-    from . import compat
-
     from megatron.core import parallel_state as ps
 
+    from .. import provenance
+    from . import compat
+
+    cuda = STATE.get("device") == "cuda"
     nccl = None
-    if STATE.get("device") == "cuda":
+    if cuda:
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a torch without NCCL reports none
             nccl = None
-    gpu = torch.cuda.get_device_name(STATE["local_rank"]) if STATE.get("device") == "cuda" else None
+    libs = provenance.cuda_libraries() if cuda else {"cuda": None, "cublas": None, "driver": None}
+    rpg = STATE.get("ranks_per_gpu", 1)
     return {
         "rank": tdist.get_rank(),
         "world": tdist.get_world_size(),
         "backend": tdist.get_backend(),
         "device": STATE.get("device"),
-        "gpu": gpu,
+        "gpu": torch.cuda.get_device_name(STATE["gpu_index"]) if cuda else None,
+        "gpu_index": STATE.get("gpu_index"),
+        "ranks_per_gpu": rpg if cuda else None,
+        "placement": ("one rank per GPU" if rpg == 1 else f"{rpg} ranks share each GPU (virtual EP)") if cuda
+        else f"{tdist.get_world_size()} CPU engines",
         "host": STATE.get("host"),
         "local_rank": STATE.get("local_rank"),
         "pid": os.getpid(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        **libs,
         "megatron_core": compat.installed_version(),
         "megatron_path": os.path.dirname(sys.modules["megatron.core"].__file__),
         "nccl": nccl,
         "tp": ps.get_tensor_model_parallel_world_size(),
         "ep": ps.get_expert_model_parallel_world_size(),
         "ep_rank": ps.get_expert_model_parallel_rank(),
+        "env": provenance.numerics_env(),
+        "switches": provenance.torch_switches(),
     }
 
 

@@ -1,13 +1,29 @@
-"""`moe-lab`: parse, check, call, exit code. Bad input is one line on stderr and exit 2, before engines start."""
+"""`moe-lab`: parse, check, call, exit code — the one error contract of every command (#16):
+
+- bad input (a value, a file, a profile, an unwritable --out): one line on stderr, exit 2, before any engine starts;
+- a cluster fault (an engine died, a collective failed or hung, a call timed out): one line naming the rank, engine,
+  pid, what it was doing and the signal or exit code, exit 3 — the traceback only with --debug, and in the log file;
+- Ctrl-C (or SIGTERM): one line with the number of processes stopped, exit 130.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 
 logger = logging.getLogger("moe_lab")
+EXIT_INPUT, EXIT_FAULT, EXIT_INTERRUPTED = 2, 3, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the contract's one-line errors (argparse prints the usage too; `-h` still shows it)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
 
 
 def _csv(allowed):
@@ -39,7 +55,7 @@ def _launcher_option(s: str) -> tuple[str, object]:
 
 
 def _add_launcher_arguments(p: argparse.ArgumentParser) -> None:
-    from .config import LAUNCHERS
+    from ..config import LAUNCHERS
 
     p.add_argument("--launcher", choices=LAUNCHERS, default=None,
                    help="how ipyparallel starts the engines (default local); mpi/slurm/ssh need --device and --engines")
@@ -49,15 +65,21 @@ def _add_launcher_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .config import DISPATCHERS, ROUTER_DTYPES
+    from ..config import DISPATCHERS, ROUTER_DTYPES
 
-    ap = argparse.ArgumentParser(prog="moe-lab", description=__doc__)
+    ap = Parser(prog="moe-lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.add_argument("--debug", action="store_true", help="debug logging, and full tracebacks on errors")
+    ap.add_argument("--log", default=None, help="where an error's traceback goes (default ~/.cache/moe_lab/error.log)")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
     p = sub.add_parser("probe", help="one-line check of EP divergence on this machine: one JSON object per config")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if a GPU is visible")
-    p.add_argument("--engines", type=int, default=None, help="default: one per GPU (cuda) or 4 (cpu)")
+    p.add_argument("--engines", type=int, default=None,
+                   help="ranks (= EP x TP); default one per GPU (cuda) or 4 (cpu). On cuda a multiple of the GPUs: "
+                        "k x GPUs puts k ranks on each GPU over gloo (virtual EP)")
+    p.add_argument("--gpus", type=int, default=None, help="cuda: GPUs to use (default all visible)")
+    p.add_argument("--trials", type=int, default=None, help="trials of each comparison (default 5 on cuda, 3 on cpu)")
     p.add_argument("--dispatcher", type=_csv(DISPATCHERS), default=["allgather"], help="comma list")
     p.add_argument("--router-dtype", type=_csv(ROUTER_DTYPES), default=["none"], help="comma list: none,fp32,fp64")
     p.add_argument("--hidden", type=int, default=256)
@@ -120,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _probe_configs(a) -> list:
-    from .config import MoEConfig
+    from ..config import MoEConfig
 
     if a.seed_report:
         base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
@@ -134,33 +156,37 @@ def _probe_configs(a) -> list:
 
 
 def cmd_probe(a) -> int:
-    from . import compat, probe
-    from .cluster import Cluster, default_config
+    from ..controller import placement
+    from ..controller.cluster import Cluster
+    from ..controller.launchers import launcher_settings
+    from ..experiments import probe, protocol
 
     cfgs = _probe_configs(a)
-    extra = ()
+    release = a.megatron or protocol.INSTALLED
     if a.megatron:
-        from . import versions
+        from ..tools import versions
 
-        extra = (str(versions.path_for(a.megatron)),)
-    ccfg = default_config(device=a.device, engines=a.engines, tp=a.tp, timeout_s=a.timeout,
-                          start_timeout_s=a.start_timeout, deterministic=a.deterministic, extra_path=extra,
-                          **_launcher_kwargs(a))
-    if ccfg.launcher != "local":
-        from .cluster import launcher_settings
-
-        launcher_settings(ccfg)  # a bad option or a missing mpiexec/sbatch/ssh: exit 2 before anything starts
-    version = a.megatron or compat.installed_version()
-    for cfg in cfgs:  # everything checkable is checked before engines start
-        probe.check_case(cfg, ccfg.engines, version, a.cut)
+        versions.path_for(a.megatron)  # installed side by side? one line if not
+    ccfg = placement.default_config(device=a.device, engines=a.engines, gpus=a.gpus, tp=a.tp, timeout_s=a.timeout,
+                                    start_timeout_s=a.start_timeout, deterministic=a.deterministic,
+                                    **_launcher_kwargs(a))
+    launcher_settings(ccfg)  # a bad option or a missing mpiexec/sbatch/ssh: exit 2 before anything starts
+    trials = a.trials or (5 if ccfg.device == "cuda" else 3)
+    cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release) for cfg in cfgs]
+    protocol.check_all(cases, ccfg)  # everything checkable is checked before engines start
+    placement.check_memory(cfgs, ccfg, cut=a.cut)
     with Cluster(ccfg) as c:
         if not a.json:
-            print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.summary()}", file=sys.stderr)
-        for cfg in cfgs:
-            rec = probe.run_case(c, cfg, cut=a.cut, ready_s=round(c.timings["ready_s"], 2))
-            print(json.dumps(rec), flush=True)
+            print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.config.placement}, {c.summary()}",
+                  file=sys.stderr)
+
+        def show(rec):
+            rec["ready_s"] = round(c.timings["ready_s"], 2)
+            print(json.dumps(rec, default=str), flush=True)
             if not a.json:
                 print("# " + probe.headline(rec), file=sys.stderr)
+
+        protocol.run(probe, cluster=c, cases=cases, on_record=show, notebook="")
     return 0
 
 
@@ -175,22 +201,22 @@ def _launcher_kwargs(a) -> dict:
 
 
 def cmd_run(a) -> int:
-    from . import report
+    from ..reporting import runner
 
     overrides = dict(a.params)
     overrides.update(_launcher_kwargs(a))
-    return report.run_all(profile=a.profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
+    return runner.run_all(profile=a.profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
 
 
 def cmd_lab(a) -> int:
-    from . import report
+    from ..reporting import runner
 
     extra = [x for x in a.jupyter_args if x != "--"]
-    return report.lab(port=a.port, open_browser=not a.no_browser, extra_args=extra)
+    return runner.lab(port=a.port, open_browser=not a.no_browser, extra_args=extra)
 
 
 def cmd_versions(a) -> int:
-    from . import versions
+    from ..tools import versions
 
     if a.vcmd == "install":
         path = versions.install(a.version, from_dir=a.from_dir, force=a.force)
@@ -205,7 +231,7 @@ def cmd_versions(a) -> int:
 
 
 def cmd_wheelhouse(a) -> int:
-    from . import wheelhouse
+    from ..tools import wheelhouse
 
     mvs = tuple(v for v in a.megatron.split(",") if v)
     wheels = wheelhouse.build(a.out, python=a.python, platform=a.platform, megatron_versions=mvs,
@@ -227,21 +253,58 @@ def cmd_scale(a) -> int:
     return scale.cmd(a)
 
 
+def _log_path(a) -> Path:
+    return Path(a.log or os.environ.get("MOE_LAB_LOG") or Path.home() / ".cache" / "moe_lab" / "error.log")
+
+
+def _write_traceback(a, exc: BaseException) -> str:
+    """The full traceback into the log file (appended, timestamped); returns where, or '' if it cannot be written."""
+    import datetime
+    import traceback
+
+    p = _log_path(a)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a") as f:
+            f.write(f"--- {datetime.datetime.now().isoformat(timespec='seconds')} moe-lab {a.cmd}\n")
+            f.write("".join(traceback.format_exception(exc)))
+        return str(p)
+    except OSError:
+        return ""
+
+
 def main(argv=None) -> int:
+    from ..controller.diagnosis import ClusterError
+    from ..reporting.results import ResultsFileError
+
     ap = build_parser()
     a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+    debug = a.debug or a.verbose
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("megatron").setLevel(logging.DEBUG if debug else logging.WARNING)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
                "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale}[a.cmd]
     try:
         return handler(a)
-    except ValueError as e:  # bad input: one line, exit 2, nothing launched
+    except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched
+        if a.debug:
+            raise
         print(f"moe-lab {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"moe-lab {a.cmd}: interrupted; engines stopped", file=sys.stderr)
-        return 130
+        return EXIT_INPUT
+    except ClusterError as e:  # a cluster fault: one line naming the rank and what happened; the traceback is logged
+        where = _write_traceback(a, e)
+        if a.debug:
+            raise
+        print(f"moe-lab {a.cmd}: cluster fault: {e}" + (f" (traceback: {where})" if where else ""), file=sys.stderr)
+        return EXIT_FAULT
+    except KeyboardInterrupt as e:
+        from ..controller import processes
+
+        n = processes.stopped_count()
+        print(f"moe-lab {a.cmd}: interrupted{f' ({e})' if str(e) else ''}; stopped {n} engine/controller "
+              "process(es), none left running", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

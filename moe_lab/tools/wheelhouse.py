@@ -37,7 +37,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from . import compat, versions
+from ..engine import compat
+from . import versions
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Stage-by-stage capture of one MoE forward on a rank, and a ledger of every collective the layer issues.
+"""Runs on engines: stage-by-stage capture of one MoE forward on a rank, and a ledger of every collective the layer issues.
 
 Stages are recorded through forward hooks and by wrapping the token dispatcher's methods on the instance (never by
 editing megatron-core); collectives by wrapping `torch.distributed` functions and the module-level aliases
@@ -19,18 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as tdist
 
-# dispatcher method → stage prefix and names of its outputs (in order), per release family
-_DISPATCHER_METHODS = {
-    "dispatch_preprocess": ("dispatch.pre", ("tokens", "probs")),
-    "token_dispatch": ("dispatch.comm", ("tokens", "probs")),
-    "dispatch_postprocess": ("dispatch.post", ("tokens", "tokens_per_expert", "probs")),
-    "combine_preprocess": ("combine.pre", None),
-    "token_combine": ("combine.comm", None),
-    "combine_postprocess": ("combine.post", None),
-    # 0.11 / 0.12
-    "token_permutation": ("dispatch.permuted", ("tokens", "tokens_per_expert", "probs")),
-    "token_unpermutation": ("combine.unpermuted", ("out", "bias")),
-}
+from . import compat
+
 _COLLECTIVES = ("all_gather_into_tensor", "_all_gather_base", "all_gather", "reduce_scatter_tensor",
                 "_reduce_scatter_base", "reduce_scatter", "all_to_all_single", "all_reduce", "broadcast")
 
@@ -97,7 +87,7 @@ def capture_hooks(layer, cache: Cache, names_filter=None):
             return fn
 
         undo.append(layer.router.register_forward_hook(hook("router", ("probs", "routing_map"))).remove)
-        for meth, (prefix, names) in _DISPATCHER_METHODS.items():
+        for meth, (prefix, names) in compat.DISPATCHER_METHODS.items():
             if hasattr(disp, meth):
                 wrap(disp, meth, prefix, names)
         undo.append(layer.experts.register_forward_hook(hook("experts.out")).remove)
@@ -194,8 +184,6 @@ def collective_ledger(cache: Cache, *, hidden: int, num_experts: int):
 
 def run_with_capture(layer, tokens: torch.Tensor, names_filter=None, *, hidden: int, num_experts: int):
     """One forward of `layer` with stage capture and the collective ledger → (out, cache)."""
-    from . import compat
-
     cache = Cache()
     with capture_hooks(layer, cache, names_filter), collective_ledger(cache, hidden=hidden, num_experts=num_experts):
         out = compat.moe_forward(layer, tokens)

@@ -1,0 +1,129 @@
+"""Controller side: which devices the engines get — one rank per GPU (NCCL), several ranks sharing a GPU (virtual EP,
+gloo), or CPU engines (gloo) — checked before anything starts, memory per GPU included."""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import ClusterConfig
+
+logger = logging.getLogger(__name__)
+
+
+def visible_gpus() -> int:
+    """GPUs torch can see from the controller (0 without CUDA). Imports torch lazily."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_name(index: int = 0) -> str | None:
+    """The name torch gives GPU `index` ("NVIDIA H200"), as the engines report it; None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(index)
+
+
+def _count(name: str, value, *, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} ({value!r}) must be a positive integer")
+
+
+def default_config(device: str | None = None, engines: int | None = None, *, gpus: int | None = None,
+                   n_gpu: int | None = None, **kw) -> ClusterConfig:
+    """The cluster for `engines` ranks on `device` (default: cuda if a GPU is visible, else 4 CPU engines).
+
+    cuda: the ranks are spread evenly over `gpus` GPUs (default: all visible, or fewer when there are fewer
+    engines): engines = GPUs → one rank per GPU on NCCL; engines = k x GPUs → k ranks share each GPU over gloo
+    (virtual EP). Anything else is refused with the rule. `n_gpu` overrides the visible count (tests).
+    With a launcher other than 'local' the engines run elsewhere: device and engines must be given, and each node
+    checks its own GPUs when its engines join (engine.dist.setup).
+    """
+    _count("engines", engines)
+    _count("gpus", gpus)
+    if kw.get("launcher", "local") != "local":
+        if device is None or not engines:
+            raise ValueError(f"launcher ({kw['launcher']!r}) starts engines on other machines: give device "
+                             f"({device!r}) and engines ({engines!r}) explicitly, e.g. device='cuda', engines=16")
+        return ClusterConfig(device=device, engines=engines, **kw)
+    if n_gpu is None:
+        n_gpu = visible_gpus() if device in (None, "cuda") else 0
+    if device is None:
+        device = "cuda" if n_gpu else "cpu"
+    if device != "cuda":
+        if gpus is not None:
+            raise ValueError(f"gpus ({gpus}) applies to device 'cuda' only")
+        return ClusterConfig(device=device, engines=engines or 4, **kw)
+    if n_gpu == 0:
+        raise ValueError("device ('cuda') needs a GPU, but torch sees none; use device='cpu'")
+    if gpus is not None and gpus > n_gpu:
+        raise ValueError(f"gpus ({gpus}) must be <= the visible GPUs ({n_gpu})")
+    used = gpus or (min(engines, n_gpu) if engines else n_gpu)
+    engines = engines or used
+    if engines % used:
+        raise ValueError(f"engines ({engines}) must be a multiple of the GPUs used ({used}): each GPU gets the same "
+                         f"number of ranks, e.g. engines {used} (one rank per GPU) or {2 * used} (2 per GPU, "
+                         "virtual EP)")
+    return ClusterConfig(device="cuda", engines=engines, ranks_per_gpu=engines // used, **kw)
+
+
+def gpu_free_bytes(n: int) -> list[int]:
+    """Free memory of the first `n` GPUs, bytes (NVML when available: no CUDA context in the controller)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            import os
+
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+            idx = [int(x) for x in vis.split(",") if x.strip().isdigit()][:n] if vis else list(range(n))
+            if len(idx) == n:
+                return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free) for i in idx]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: ask torch (costs a context on each GPU)
+        pass
+    import torch
+
+    return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
+
+
+def check_memory(moe_cfgs, ccfg: ClusterConfig, *, cut: int = 90, free: list[int] | None = None) -> dict | None:
+    """Refuse a placement whose ranks do not fit in GPU memory, before any engine starts (the scale model: weights
+    + the lab's peak activations of the busiest rank, times the ranks sharing a GPU). Returns the check's numbers,
+    or None on CPU. `free` overrides the measured free bytes per GPU (tests)."""
+    if ccfg.device != "cuda" or ccfg.launcher != "local":
+        return None
+    from ..tools import scale
+
+    gpus = ccfg.engines // ccfg.ranks_per_gpu
+    free = free if free is not None else gpu_free_bytes(gpus)
+    ep = ccfg.engines // ccfg.tp
+    worst = None
+    for cfg in moe_cfgs:
+        if ccfg.tp != 1:
+            return None  # the scale model counts TP=1 only
+        row = scale.plan(cfg, ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0)
+        need = row["lab_peak_bytes"] * ccfg.ranks_per_gpu
+        if worst is None or need > worst["need_bytes"]:
+            worst = {"need_bytes": need, "per_rank_bytes": row["lab_peak_bytes"], "config": cfg}
+    if worst is None:
+        return None
+    worst.update(free_bytes=min(free), ranks_per_gpu=ccfg.ranks_per_gpu, gpus=gpus)
+    if worst["need_bytes"] > min(free):
+        gib = 2**30
+        c = worst["config"]
+        raise ValueError(
+            f"{ccfg.ranks_per_gpu} rank(s) per GPU need {worst['need_bytes'] / gib:.1f} GiB each GPU "
+            f"({worst['per_rank_bytes'] / gib:.1f} GiB per rank for hidden {c.hidden}, {c.num_experts} experts, "
+            f"ffn {c.ffn_hidden}, {c.seq_len} tokens at EP={ep}), but only {min(free) / gib:.1f} GiB is free: "
+            "use fewer ranks per GPU (engines), more GPUs, or a smaller layer (seq_len, ffn_hidden)")
+    return worst
+
+
+__all__ = ["visible_gpus", "gpu_name", "default_config", "check_memory", "gpu_free_bytes"]

@@ -1,0 +1,1 @@
+"""Runs inside each engine process (one torch.distributed rank): process group, the layer, capture, measurement."""

@@ -1,0 +1,30 @@
+"""How records are named in tables, figures and verdicts — text only (no torch: plotting imports this)."""
+
+from __future__ import annotations
+
+
+def rem_label(remedy: str, tile) -> str:
+    """'tiled_experts T=256', 'no_splitk'."""
+    return remedy + (f" T={tile}" if tile else "")
+
+
+def label(r: dict) -> str:
+    """'EMULATED splitk+atomics / tiled_experts T=256' — emulated cases always say so."""
+    emu = f"EMULATED {r['emulation']}" if r.get("emulated") else "real"
+    return f"{emu} / {rem_label(r['remedy'], r.get('tile'))}"
+
+
+def describe_cmp(c: dict) -> str:
+    """'bitwise equal' / 'N of M elements differ (frac), max U ULP, max abs A' — exact counts, never '0.00%';
+    with trials: 'in k of N trials'. Not applicable: the reason."""
+    if not c.get("applicable", True):
+        return f"not applicable ({c['reason']})"
+    trials = c.get("trials", 1)
+    if c["bitwise_equal"]:
+        return "bitwise equal" + (f" in all {trials} trials" if trials > 1 else "")
+    text = (f"{c['n_mismatch']:,} of {c['numel']:,} elements differ ({c['mismatch_frac']:.3g}), "
+            f"max {c['max_ulp']:.0f} ULP, max abs {c['max_abs']:.3g}")
+    return text + (f", in {c['n_differ']} of {trials} trials" if trials > 1 else "")
+
+
+__all__ = ["label", "rem_label", "describe_cmp"]

@@ -1,0 +1,241 @@
+"""Notebook 02 — where two ranks stop agreeing: stage-by-stage comparison of a captured forward, fingerprints first.
+
+Under EP each rank holds different experts, so not every stage must be equal across ranks. Every rank is fed the
+same tokens, so each stage is compared the way it *must* agree:
+- replicated: the same tensor on every rank (router outputs, gathered tokens/probs, combined output): rank 0 vs r;
+- copies: a rank-local tensor made of `world` blocks, one per identical copy of the input (alltoall receive buffer,
+  allgather partial combine): block c vs block 0 on the same rank;
+- copies/expert: per local expert, a segment of `world` equal parts, one per copy (permuted tokens, expert outputs):
+  part c vs part 0 of every segment, on the same rank;
+- local: rank-specific by design (token counts of local experts): not compared.
+Assumes tp=1 (the copy layouts change with TP). Cases: dispatcher x the three probs-path VARIANTS.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .protocol import Case
+
+NAME = "localise"
+NOTEBOOK = "02"
+
+REPLICATED, COPIES, COPIES_PER_EXPERT, LOCAL = "replicated", "copies", "copies/expert", "local"
+
+
+def comparison_kind(stage: str, dispatcher: str) -> str:
+    if stage.startswith("router.") or stage in ("moe.out", "combine.post", "combine.comm", "combine.unpermuted.out"):
+        return REPLICATED
+    if stage.endswith("tokens_per_expert") or stage == "combine.unpermuted.bias":
+        return LOCAL
+    if stage.startswith("dispatch.pre."):
+        return REPLICATED  # allgather: reshaped input; alltoall: local permutation of identical tokens
+    if stage.startswith("dispatch.comm."):
+        return REPLICATED if dispatcher == "allgather" else COPIES
+    if stage.startswith(("dispatch.post.", "dispatch.permuted.")) or stage == "experts.out":
+        return COPIES_PER_EXPERT
+    if stage == "combine.pre":
+        return COPIES
+    return LOCAL
+
+
+def _tokens_per_expert(cache: capture.Cache) -> list[int] | None:
+    for name in ("dispatch.post.tokens_per_expert", "dispatch.permuted.tokens_per_expert"):
+        if name in cache.tensors:
+            return [int(x) for x in cache.tensors[name].reshape(-1).tolist()]
+    return None
+
+
+def copy_parts(t: torch.Tensor, kind: str, world: int, tpe: list[int] | None) -> list[torch.Tensor] | str:
+    """Split a rank-local tensor into its `world` copies (each the concatenation of its parts), or say why not."""
+    n = t.shape[0]
+    if kind == COPIES:
+        if n % world:
+            return f"{n} rows not divisible by world {world}"
+        return list(t.reshape(world, n // world, *t.shape[1:]).unbind(0))
+    if tpe is None:
+        return "tokens per expert not captured"
+    if sum(tpe) != n:
+        return f"tokens per expert sum {sum(tpe)} != rows {n}"
+    if any(c % world for c in tpe):
+        return f"a segment is not divisible by world {world}: {tpe}"
+    parts = [[] for _ in range(world)]
+    for seg in torch.split(t, tpe, dim=0):
+        for c, piece in enumerate(seg.chunk(world, dim=0) if seg.shape[0] else [seg] * world):
+            parts[c].append(piece)
+    return [torch.cat(p, dim=0) for p in parts]
+
+
+def on_engine(payload: dict) -> dict:
+    """Engine side: capture one forward, compare every stage as it must agree; rank 0 also gets the cross-rank
+    comparison of the replicated stages."""
+    from .. import metrics
+    from ..engine import capture, toolkit
+    from .remedies import probs_fp32_before_gather
+
+    s = toolkit.setup(payload["moe"])
+    cfg = s.cfg
+    with toolkit.deterministic(cfg.deterministic), probs_fp32_before_gather(s.layer, cfg.probs_fp32_gather):
+        out, cache = capture.run_with_capture(s.layer, s.tokens, hidden=cfg.hidden, num_experts=cfg.num_experts)
+        toolkit.sync()
+    rank, world = toolkit.tdist.get_rank(), toolkit.world()
+    tpe = _tokens_per_expert(cache)
+    stages = []
+    for order, (name, t) in enumerate(cache.tensors.items()):
+        kind = comparison_kind(name, cfg.dispatcher)
+        row = {"stage": name, "order": order, "kind": kind, "dtype": str(t.dtype).removeprefix("torch."),
+               "shape": list(t.shape), "fingerprint": metrics.fingerprint(t)}
+        if kind in (COPIES, COPIES_PER_EXPERT):
+            parts = copy_parts(t, kind, world, tpe) if world > 1 else "world size 1: a single copy of the input"
+            row["copies"] = {"skipped": parts} if isinstance(parts, str) else toolkit.compare_parts(parts)
+        stages.append(row)
+    replicated = {n: cache.tensors[n] for n in (s_["stage"] for s_ in stages if s_["kind"] == REPLICATED)}
+    cross = toolkit.compare_across_ranks(replicated)
+    res = {"rank": rank, "stages": stages, "ledger": cache.ledger}
+    if cross is not None:
+        res["bytes_compared"] = cross.pop("bytes_compared")
+        res["cross"] = {n: (c["pairs"] if c.get("applicable", True) else None) for n, c in cross.items()}
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- controller side
+
+VARIANTS = {  # name → (router_dtype, probs_fp32_gather): the seed report's controlled experiment on the probs path
+    "bf16 (nothing)": ("none", False),
+    "probs fp32 before gather (reporter's fix)": ("none", True),
+    "moe_router_dtype=fp32": ("fp32", False),
+}
+
+
+def stage_rows(per_rank: list[dict]) -> list[dict]:
+    """Per-rank engine results → one row per (stage, comparison unit), in execution order, + first divergence."""
+    r0 = per_rank[0]
+    rows = []
+    for s in r0["stages"]:
+        base = {k: s[k] for k in ("stage", "order", "kind", "dtype", "shape")}
+        if s["kind"] == REPLICATED:
+            for pair, c in (r0["cross"][s["stage"]] or {}).items():  # None: one rank, nothing to compare
+                rows.append({**base, "unit": f"rank {pair}", **_metrics(c)})
+        elif s["kind"] in (COPIES, COPIES_PER_EXPERT):
+            for r in per_rank:
+                c = r["stages"][s["order"]]["copies"]
+                if "skipped" in c:
+                    rows.append({**base, "unit": f"copies on rank {r['rank']}", "skipped": c["skipped"]})
+                else:
+                    rows.append({**base, "unit": f"copies on rank {r['rank']}", **_metrics(c)})
+    first = first_divergent(rows)
+    for row in rows:
+        row["first_divergent_stage"] = first
+    return rows
+
+
+def _metrics(c: dict) -> dict:
+    return {k: c.get(k) for k in ("numel", "n_mismatch", "mismatch_frac", "bitwise_equal", "max_ulp", "max_abs")}
+
+
+def first_divergent(rows: list[dict], unit: str | None = None) -> str | None:
+    """The first stage, in execution order, with any differing element (optionally for one comparison unit)."""
+    bad = [r for r in rows if r.get("bitwise_equal") is False and (unit is None or r["unit"] == unit)]
+    return min(bad, key=lambda r: r["order"])["stage"] if bad else None
+
+
+def first_divergent_by_pair(rows: list[dict], world: int) -> dict[str, str | None]:
+    """For each rank pair 0-r: first stage where they disagree (cross-rank) or a copy on rank 0 or r disagrees."""
+    out = {}
+    for r in range(1, world):
+        units = {f"rank 0-{r}", "copies on rank 0", f"copies on rank {r}"}
+        bad = [x for x in rows if x.get("bitwise_equal") is False and x["unit"] in units]
+        out[f"0-{r}"] = min(bad, key=lambda x: x["order"])["stage"] if bad else None
+    return out
+
+
+def cases(params: dict) -> list[Case]:
+    from .. import profiles
+
+    base = profiles.base_moe(params)
+    out = []
+    for d in params["dispatchers"]:
+        for v, (router_dtype, fp32_gather) in VARIANTS.items():
+            cfg = base.replace(dispatcher=d, router_dtype=router_dtype, probs_fp32_gather=fp32_gather)
+            out.append(Case(experiment=NAME, moe=cfg, cut=params["cut"], knobs={"variant": v},
+                            release=profiles.release(params), label=f"{d}/{v}"))
+    return out
+
+
+def _first(ledger: list[dict], pred) -> dict:
+    return next((c for c in ledger if pred(c)), {})
+
+
+def records(case: Case, per_rank: list[dict]) -> list[dict]:
+    """One `case` record (first divergent stage, output mismatch, dtypes from the ledger), one `stage` record per
+    stage x comparison unit, one `collective` record per collective of rank 0's ledger."""
+    world = len(per_rank)
+    rows = stage_rows(per_rank)
+    ledger = per_rank[0]["ledger"]
+    final = [r for r in rows if r["stage"] == "moe.out"]
+    first = first_divergent(rows)
+    probs = _first(ledger, lambda c: c["role"] == "probs" and c["stage"].startswith("dispatch"))
+    combine = _first(ledger, lambda c: c["stage"].startswith("combine"))
+    summary = dict(record="case", first_divergent_stage=first,
+                   first_divergent_kind=next((r["kind"] for r in rows if r["stage"] == first), None),
+                   first_divergent_by_pair=first_divergent_by_pair(rows, world),
+                   out_mismatch_frac=max((r["mismatch_frac"] for r in final), default=None),
+                   out_max_ulp=max((r["max_ulp"] for r in final), default=None),
+                   cross_rank_applicable=world > 1,
+                   probs_gather_dtype=probs.get("dtype"), combine_dtype=combine.get("dtype"),
+                   combine_op=combine.get("op"), out_dtype=next((s["dtype"] for s in per_rank[0]["stages"]
+                                                                 if s["stage"] == "moe.out"), None),
+                   bytes_compared=world * per_rank[0].get("bytes_compared", 0))
+    return ([summary] + [dict(record="stage", **r) for r in rows]
+            + [dict(record="collective", **c) for c in ledger])
+
+
+def verdict(records: list[dict]) -> str:
+    """Which stage first diverges per dispatcher and variant, and what the probs all-gather contributes — every
+    clause follows the records (a variant that changes nothing is not called a fix)."""
+    cases_ = [r for r in records if r.get("record") == "case"]
+    if not cases_:
+        return "No case ran."
+    c0 = cases_[0]
+    lines = [f"megatron-core {c0['megatron_core']}, {c0['world']} EP rank(s) on {c0.get('gpu') or c0['device']} "
+             f"({c0.get('placement', '')}):"]
+    for c in cases_:
+        where = c["first_divergent_stage"]
+        what = ("every stage agrees across ranks (and across copies within a rank)" if where is None else
+                f"first divergent stage: {where}; output {c['out_mismatch_frac']:.3g} of elements differ, "
+                f"max {c['out_max_ulp']:.0f} ULP")
+        if not c.get("cross_rank_applicable", True):
+            what = "one rank: no stage can be compared across ranks or copies"
+        lines.append(f"- {c['dispatcher']}, {c['variant']}: probs travel in {c['probs_gather_dtype'] or 'no collective'}"
+                     f", the combine ({c['combine_op']}) runs in {c['combine_dtype']}; {what}")
+    firsts = {c["first_divergent_stage"] for c in cases_} - {None}
+    gather_first = sorted(s for s in firsts if s.startswith("dispatch.comm"))
+    within = sorted({c["first_divergent_stage"] for c in cases_
+                     if c.get("first_divergent_kind") in (COPIES, COPIES_PER_EXPERT)})
+    if within:
+        lines.append(f"Note: at {', '.join(within)} identical copies of the same token already differ *within one "
+                     "rank*: that accumulation is nondeterministic (atomic scatter_add_ in unpermute), which no dtype "
+                     "promotion fixes — deterministic mode does (notebook 03).")
+    for d in dict.fromkeys(c["dispatcher"] for c in cases_):
+        sub = {c["variant"]: c for c in cases_ if c["dispatcher"] == d}
+        plain = sub.get("bf16 (nothing)")
+        if plain is None or plain["first_divergent_stage"] is None:
+            continue
+        fixed = [v for v, c in sub.items() if v != "bf16 (nothing)" and c["first_divergent_stage"] is None]
+        kept = [v for v, c in sub.items() if v != "bf16 (nothing)" and c["first_divergent_stage"] is not None]
+        lines.append(f"- {d}: plain bf16 diverges from {plain['first_divergent_stage']}; "
+                     + (f"{' and '.join(fixed)} make(s) every stage agree" if fixed else "no variant removes it")
+                     + (f"; {' and '.join(kept)} do(es) not" if kept and fixed else "") + ".")
+    if gather_first:
+        lines.append(f"Verdict: divergence already appears at {', '.join(gather_first)} (the dispatch "
+                     "communication itself).")
+    elif firsts:
+        lines.append("Verdict: the probs all-gather copies bits (gathered probs are bitwise equal on every rank); "
+                     f"divergence first appears at {', '.join(sorted(firsts))}, in the accumulation after it.")
+    else:
+        lines.append("Verdict: no stage diverges across ranks on this setup.")
+    return "\n".join(lines)
+
+
+__all__ = ["cases", "on_engine", "records", "verdict", "stage_rows", "first_divergent", "comparison_kind",
+           "copy_parts", "VARIANTS", "REPLICATED", "COPIES", "COPIES_PER_EXPERT", "LOCAL"]

@@ -1,0 +1,135 @@
+"""The seed report's three comparisons of one layer config (`moe-lab probe`, notebooks 01 and 03, the bench):
+
+cross_rank: the same tokens on every rank → outputs must be bitwise equal across ranks;
+rerun:      the same input twice on the same rank → bitwise equal (run-to-run determinism);
+truncation: the first `cut` tokens with and without tokens[cut:] zeroed → bitwise equal (batch invariance).
+
+Each is made in `trials` independent trials (a verdict on a nondeterministic outcome needs several): a trial is one
+forward of the full input, one more of the same input, and one of the truncated input, in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .. import metrics
+from ..config import MoEConfig
+from .labels import describe_cmp
+from .protocol import Case
+
+logger = logging.getLogger(__name__)
+
+NAME = "probe"
+NOTEBOOK = ""
+COMPARISONS = ("cross_rank", "rerun", "truncation")
+
+
+def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 3,
+         experiment: str = NAME, release: str = "installed", deterministic_env: bool = False, **knobs) -> Case:
+    """A probe case: `trials` trials of the three comparisons, `repeats` timed forwards (0: not timed)."""
+    for name, v, lo in (("trials", trials, 1), ("repeats", repeats, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{name} ({v!r}) must be an integer >= {lo}")
+    return Case(experiment=experiment, moe=cfg, cut=cut, knobs=dict(trials=trials, detail=detail, repeats=repeats,
+                                                                    **knobs),
+                release=release, deterministic_env=deterministic_env,
+                label=f"{cfg.dispatcher}/{cfg.router_dtype}" + ("/det" if cfg.deterministic else ""))
+
+
+def cases(params: dict) -> list[Case]:
+    from .. import profiles
+
+    base = profiles.base_moe(params)
+    return [case(base.replace(dispatcher=d, router_dtype=r), cut=params["cut"], trials=profiles.trials(params))
+            for d in params["dispatchers"] for r in params["router_dtypes"]]
+
+
+# ---------------------------------------------------------------------------------------------- engine side
+
+
+def on_engine(payload: dict) -> dict:
+    """Engine side: every trial's comparisons on this rank; rank 0 also gets the cross-rank ones."""
+    from ..engine import toolkit
+    from .remedies import probs_fp32_before_gather
+
+    kn = payload["knobs"]
+    s = toolkit.setup(payload["moe"])
+    cut, detail = payload["cut"], kn.get("detail", False)
+    trunc = s.truncated(cut)
+    trials = []
+    with toolkit.deterministic(s.cfg.deterministic), probs_fp32_before_gather(s.layer, s.cfg.probs_fp32_gather):
+        outs = []
+        for _ in range(kn.get("trials", 1)):
+            a = toolkit.forward(s.layer, s.tokens)
+            b = toolkit.forward(s.layer, s.tokens)
+            c = toolkit.forward(s.layer, trunc)
+            t = {"rerun": metrics.compare(a, b), "truncation": metrics.compare(a[:cut], c[:cut])}
+            if detail:
+                t["truncation_token_mismatch"] = toolkit.token_mismatch(a[:cut], c[:cut])
+            trials.append(t)
+            outs.append(a)
+        repeats = kn.get("repeats", 3)
+        t_fwd = toolkit.time_forward(s.layer, s.tokens, repeats) if repeats else None
+    res = {"rank": toolkit.tdist.get_rank(), "trials": trials, "t_forward_s": t_fwd, "out_shape": list(outs[0].shape)}
+    cross = [toolkit.compare_across_ranks({"out": o}, detail=("out",) if detail else ()) for o in outs]
+    if cross[0] is not None:  # rank 0
+        res["cross_rank"] = [_pairs_worst(c["out"]) for c in cross]
+        worst_t = max(range(len(cross)), key=lambda i: res["cross_rank"][i].get("n_mismatch", 0))
+        res["cross_rank_detail"] = {**cross[worst_t]["out"], "trial": worst_t,
+                                    "bytes_compared": sum(c["bytes_compared"] for c in cross)}
+    return res
+
+
+def _pairs_worst(entry: dict) -> dict:
+    if not entry.get("applicable", True):
+        return {"applicable": False, "reason": entry["reason"]}
+    return metrics.worst(list(entry["pairs"].values()))
+
+
+# ---------------------------------------------------------------------------------------------- controller side
+
+
+def summarise(per_rank: list[dict]) -> dict:
+    """The three comparisons over ranks and trials: per trial the worst rank, then `metrics.over_trials`."""
+    r0 = per_rank[0]
+    n = len(r0["trials"])
+    out = {"cross_rank": metrics.over_trials(r0["cross_rank"])}
+    for name in ("rerun", "truncation"):
+        out[name] = metrics.over_trials([metrics.worst([r["trials"][t][name] for r in per_rank]) for t in range(n)])
+    ts = [r["t_forward_s"] for r in per_rank]
+    out["t_forward_s"] = max(ts) if all(t is not None for t in ts) else None
+    return out
+
+
+def records(case: Case, per_rank: list[dict]) -> list[dict]:
+    rec = summarise(per_rank)
+    d0 = per_rank[0]["cross_rank_detail"]
+    rec.update(fingerprints=d0["fingerprints"], bytes_compared=d0["bytes_compared"])
+    if case.knobs.get("detail"):
+        d = per_rank[0]["cross_rank_detail"]
+        rec["detail"] = {
+            "pairs": d.get("pairs", {}), "ulp_hist": d.get("ulp_hist", {}), "token_mismatch": d.get("token_mismatch", {}),
+            "mismatch_map": d.get("mismatch_map", {}), "bytes_compared": d["bytes_compared"], "trial": d["trial"],
+            "truncation_token_mismatch": {str(r["rank"]): _worst_trial_tokens(r) for r in per_rank},
+        }
+    return [rec]
+
+
+def _worst_trial_tokens(r: dict) -> list[int]:
+    per = [t["truncation_token_mismatch"] for t in r["trials"]]
+    return max(per, key=sum)
+
+
+def headline(rec: dict) -> str:
+    """One line a person reads: per comparison, the bitwise verdict with mismatch and max ULP."""
+    parts = [f"{name}: {describe_cmp(rec[name])}" for name in COMPARISONS]
+    return (f"{rec['dispatcher']}/router {rec['router_dtype']}{' det' if rec['deterministic'] else ''} — "
+            + "; ".join(parts))
+
+
+def verdict(records: list[dict]) -> str:
+    return "\n".join(headline(r) for r in records) or "No case ran."
+
+
+__all__ = ["case", "cases", "on_engine", "records", "summarise", "describe_cmp", "headline", "verdict",
+           "COMPARISONS"]

@@ -1,0 +1,289 @@
+"""The one experiment protocol (#12): cases from parameters → one engine-side function → tidy records → a verdict
+computed from records; and the one runner that streams records to results.json and resumes by ONE key.
+
+An experiment is a module of `moe_lab.experiments` with
+    NAME, NOTEBOOK                     its name in records, and the notebook it answers ('' for none)
+    cases(params) -> list[Case]        what to measure, from profile parameters (checked before anything starts)
+    on_engine(payload) -> dict         runs on every rank at once (payload = Case.payload()), returns small dicts
+    records(case, per_rank) -> list    rank 0's and every rank's results → tidy records (one or more per case)
+    verdict(records) -> str            the finding, computed from the records alone
+`run(experiment, params)` does the rest: checks, cluster (started, or engines restarted for another megatron-core
+release), progress, streaming, resume, and the environment and provenance stamped on every record.
+
+The key of a case covers the whole measurement: the experiment and case kind, the layer config (shape, seq_len,
+seed, dtypes, dispatcher, ...), cut and the experiment's knobs, the megatron-core release, device, world,
+placement (ranks per GPU, backend), the GPU, the environment switches the engines start with, and the lab's own
+source hash: a record is reused only for exactly that measurement, never for another parameter (#16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..config import ClusterConfig, MoEConfig
+from ..reporting import results as results_file
+
+logger = logging.getLogger(__name__)
+
+INSTALLED = "installed"  # the megatron-core release the controller's Python imports
+# Environment fields of a record (from the engines' description) that take part in the key. The rest (torch,
+# python, host, library versions) is provenance: recorded, but a rerun on the same machine shares it anyway.
+ENV_KEY = ("device", "world", "backend", "ranks_per_gpu", "gpu", "megatron_core")
+# Of the records' environment, what is reported once per record (rank 0's description, minus per-rank fields)
+_PER_RANK = ("rank", "pid", "local_rank", "ep_rank", "gpu_index", "host", "megatron_path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One measurement: the layer and input (`moe`), the truncation cut, and the experiment's own knobs."""
+
+    experiment: str
+    """Module name of the experiment in moe_lab.experiments (its NAME)."""
+    moe: MoEConfig
+    cut: int = 90
+    kind: str = "case"
+    """An experiment's kinds of case (notebook 04: routing | kernel | case)."""
+    knobs: dict = field(default_factory=dict, hash=False)
+    """Experiment-specific settings, JSON values (e.g. remedy, emulation, tile, variant, trials, detail)."""
+    release: str = INSTALLED
+    """The megatron-core release the engines must import ('installed' or X.Y.Z; `moe-lab versions`)."""
+    deterministic_env: bool = False
+    """Engines started with NCCL_ALGO=Ring and CUBLAS_WORKSPACE_CONFIG=:4096:8 (read at process start on GPUs)."""
+    engine_env: tuple[tuple[str, str], ...] = ()
+    """More environment variables the engines must start with (e.g. CUBLAS_WORKSPACE_CONFIG, read once per process)."""
+    label: str = ""
+
+    def payload(self) -> dict:
+        """What the engines get: plain data (pickled by value), no objects."""
+        return {"moe": self.moe.asdict(), "cut": self.cut, "kind": self.kind, "knobs": dict(self.knobs)}
+
+    def fields(self) -> dict:
+        """The record fields that say which case this is (flattened for tidy DataFrames)."""
+        m = self.moe
+        return {"experiment": self.experiment, "kind": self.kind, "config": m.asdict(), "cut": self.cut,
+                "dispatcher": m.dispatcher, "router_dtype": m.router_dtype, "deterministic": m.deterministic,
+                "probs_fp32_gather": m.probs_fp32_gather, "knobs": dict(self.knobs),
+                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))}}
+
+
+def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> None:
+    """Everything about a case that can be wrong before an engine runs it: raise ValueError naming it."""
+    from ..engine import compat
+
+    cfg.resolved_ep(world)
+    compat.check_config(cfg, megatron_version)
+    if not isinstance(cut, int) or isinstance(cut, bool) or not 0 < cut < cfg.seq_len:
+        raise ValueError(f"cut ({cut!r}) must be an integer in 1..seq_len-1 ({cfg.seq_len - 1})")
+
+
+def release_version(release: str) -> str:
+    from ..engine import compat
+
+    return compat.installed_version() if release == INSTALLED else compat.normalize_version(release)
+
+
+def release_path(release: str, wheels: str | None = None) -> tuple[str, ...]:
+    """sys.path entries for a release: () for the installed one, else its side-by-side folder (installed if missing)."""
+    from ..engine import compat
+
+    if release == INSTALLED or compat.normalize_version(release) == compat.installed_version():
+        return ()
+    from ..tools import versions
+
+    try:
+        return (str(versions.path_for(release)),)
+    except ValueError:
+        logger.info("installing megatron-core %s side by side%s", release, f" from {wheels}" if wheels else "")
+        return (str(versions.install(release, from_dir=wheels)),)
+
+
+def expected_env(ccfg: ClusterConfig, release: str, deterministic_env: bool) -> dict:
+    """The key's environment fields as the controller knows them before any engine starts (so a finished group of
+    cases starts no cluster). Checked against what the engines report once they run."""
+    from ..controller import placement
+
+    env = {"device": ccfg.device, "world": ccfg.engines, "backend": ccfg.backend,
+           "ranks_per_gpu": ccfg.ranks_per_gpu if ccfg.device == "cuda" else None,
+           "gpu": placement.gpu_name() if ccfg.device == "cuda" and ccfg.launcher == "local" else None,
+           "megatron_core": release_version(release)}
+    return env
+
+
+def case_key(case: Case, env: dict, ccfg: ClusterConfig) -> str:
+    """The ONE key of a measurement (see the module docstring), as a short hash; `key_fields` has it in full."""
+    blob = json.dumps(key_fields(case, env, ccfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def key_fields(case: Case, env: dict, ccfg: ClusterConfig) -> dict:
+    from .. import provenance
+
+    switches = {**dict(ccfg.env), **dict(case.engine_env)}
+    if case.deterministic_env and ccfg.device == "cuda":
+        switches.update(NCCL_ALGO="Ring", CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    return {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(), "cut": case.cut,
+            "knobs": case.knobs, **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
+            "source": provenance.code_version()["source_sha"]}
+
+
+def environment(cluster) -> dict:
+    """What every record carries about where it was measured: rank 0's description (versions, placement, numerics
+    env and switches) without per-rank fields, and the lab's code version."""
+    from .. import provenance
+
+    i0 = cluster.info[0] if cluster.info else {}
+    env = {k: v for k, v in i0.items() if k not in _PER_RANK and not k.startswith("t_")}
+    env["code"] = provenance.code_version()
+    return env
+
+
+def _groups(cases: list[Case]) -> list[tuple[tuple, list[Case]]]:
+    out: dict = {}
+    for c in cases:
+        out.setdefault((c.release, c.deterministic_env, tuple(c.engine_env)), []).append(c)
+    return list(out.items())
+
+
+def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[int, str]:
+    """Every case checked against the world and its release, before any engine starts. An experiment may declare
+    cases its release cannot run (`experiment.not_applicable(case, version) -> reason | None`): those are returned
+    (id(case) → reason) and get a `skipped` record instead of a run; any other problem raises ValueError."""
+    skip = {}
+    hook = getattr(experiment, "not_applicable", None)
+    for c in cases:
+        version = release_version(c.release)
+        why = hook(c, version) if hook else None
+        if why:
+            skip[id(c)] = why
+            continue
+        check_case(c.moe, ccfg.engines, version, c.cut)
+    return skip
+
+
+def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Case] | None = None,
+        results: str | os.PathLike | None = None, notebook: str | None = None, progress: Callable | None = None,
+        on_record: Callable[[dict], None] | None = None, wheels: str | None = None) -> list[dict]:
+    """Run an experiment's cases (default `experiment.cases(params)`) and return their records, in case order.
+
+    cluster: a running Cluster to use (its engines are restarted for another release or deterministic
+             environment and left running), or None: one is started from `params` and stopped at the end.
+    results: a results.json to stream every finished case into (atomic, locked) and to resume from: a case
+             whose key is already there is not measured again, its records are returned as they were.
+    progress: progress(iterable, description) → iterable (a tqdm); on_record: called with each new record.
+    """
+    from ..controller.cluster import Cluster, ClusterError
+    from .. import profiles
+
+    cases = list(cases if cases is not None else experiment.cases(params))
+    ccfg0 = cluster.config if cluster is not None else profiles.cluster_config(params)
+    ccfg0 = ccfg0.replace(extra_path=()) if cluster is None else ccfg0
+    skipped = check_all(cases, ccfg0, experiment)
+    notebook = notebook if notebook is not None else getattr(experiment, "NOTEBOOK", "")
+    done: dict[str, list[dict]] = {}
+    if results is not None:
+        for r in results_file.load(results):  # raises ResultsFileError on a bad file, before anything is measured
+            if r.get("case_key"):
+                done.setdefault(r["case_key"], []).append(r)
+    wheels = wheels or (params or {}).get("wheels")
+    own = cluster is None
+    by_case: dict[int, list[dict]] = {}
+    try:
+        for (release, det_env, engine_env), group in _groups(cases):
+            cfg_g = ccfg0.replace(env=tuple(sorted({**dict(ccfg0.env), **dict(engine_env)}.items())))
+            if ccfg0.device == "cuda":
+                cfg_g = cfg_g.replace(deterministic=det_env or ccfg0.deterministic)
+            env0 = expected_env(cfg_g, release, det_env)
+            keys = {id(c): case_key(c, env0, cfg_g) for c in group}
+            for c in group:
+                if keys[id(c)] in done:
+                    by_case[id(c)] = done[keys[id(c)]]
+                elif id(c) in skipped:  # not applicable to its release: a record that says why, no engine call
+                    rec = {"notebook": notebook, **env0, **c.fields(), "label": c.label, "case_key": keys[id(c)],
+                           "skipped": skipped[id(c)]}
+                    if results is not None:
+                        results_file.append(results, [rec])
+                    by_case[id(c)] = [rec]
+            todo = [c for c in group if id(c) not in by_case]
+            logger.info("%s, megatron-core %s: %d case(s) to run, %d already measured, %d not applicable",
+                        experiment.NAME, env0["megatron_core"], len(todo),
+                        sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
+            if not todo:
+                continue
+            cluster = _ensure(cluster, cfg_g, release, det_env, wheels)
+            env = environment(cluster)
+            actual = {k: env.get(k) for k in ENV_KEY}
+            if actual["megatron_core"] != env0["megatron_core"]:
+                raise RuntimeError(f"engines imported megatron-core {actual['megatron_core']}, expected "
+                                   f"{env0['megatron_core']}: check `moe-lab versions list`")
+            if actual != {k: env0.get(k) for k in ENV_KEY}:  # e.g. a GPU the controller could not name
+                keys = {id(c): case_key(c, actual, cfg_g) for c in todo}
+            items = progress(todo, f"{experiment.NAME} ({env0['megatron_core']})") if progress else todo
+            for c in items:
+                recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
+                if results is not None:
+                    results_file.append(results, recs)  # streamed: an interrupted run keeps every finished case
+                for r in recs:
+                    if on_record:
+                        on_record(r)
+                by_case[id(c)] = recs
+    except BaseException as e:
+        if own and cluster is not None:  # after Ctrl-C or an engine failure the engines may be mid-collective
+            cluster.stop(graceful=not isinstance(e, (KeyboardInterrupt, ClusterError)))
+        raise
+    if own and cluster is not None:
+        cluster.stop()
+    return [r for c in cases for r in by_case.get(id(c), [])]
+
+
+def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str) -> list[dict]:
+    """One case on every rank → its records, stamped with the case, the environment and the key."""
+    per_rank = cluster.run(experiment.on_engine, case.payload(), what=f"{experiment.NAME} {case.label or case.kind}")
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    out = []
+    for r in experiment.records(case, per_rank):
+        out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), "label": case.label,
+                    "case_key": key, **r})
+    return out
+
+
+def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: str | None):
+    """A running cluster whose engines import `release` (and on GPUs start with the deterministic environment)."""
+    from ..controller.cluster import Cluster
+
+    changes = dict(extra_path=release_path(release, wheels), env=ccfg.env)
+    if ccfg.device == "cuda":
+        changes["deterministic"] = ccfg.deterministic
+    if cluster is None:
+        return Cluster(ccfg.replace(**changes)).start()
+    if cluster.client is None:
+        cluster.config = cluster.config.replace(**changes)
+        return cluster.start()
+    if any(getattr(cluster.config, k) != v for k, v in changes.items()):
+        cluster.restart_engines(**changes)
+    return cluster
+
+
+def progress_bar(items: Iterable, desc: str):
+    """A tqdm bar when a person watches; none under the headless runner (it shows its own progress)."""
+    if os.environ.get("MOE_LAB_HEADLESS"):
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc)
+
+
+def load_records(path: str | os.PathLike, experiment: str | None = None) -> list[dict]:
+    """Records of `path` (of one experiment if given)."""
+    return [r for r in results_file.load(Path(path)) if experiment is None or r.get("experiment") == experiment]
+
+
+__all__ = ["Case", "run", "measure", "check_case", "check_all", "case_key", "key_fields", "environment",
+           "release_path", "release_version", "progress_bar", "INSTALLED"]
