@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def cpu_cluster():
-    from moe_lab.cluster import Cluster
+    from moe_lab.controller.cluster import Cluster
     from moe_lab.config import ClusterConfig
 
     with Cluster(ClusterConfig(device="cpu", engines=4, timeout_s=180)) as c:

@@ -306,6 +306,3 @@ def main(argv=None) -> int:
               "process(es), none left running", file=sys.stderr)
         return EXIT_INTERRUPTED
 
-
-if __name__ == "__main__":
-    sys.exit(main())

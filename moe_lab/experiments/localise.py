@@ -39,7 +39,7 @@ def comparison_kind(stage: str, dispatcher: str) -> str:
     return LOCAL
 
 
-def _tokens_per_expert(cache: capture.Cache) -> list[int] | None:
+def _tokens_per_expert(cache) -> list[int] | None:
     for name in ("dispatch.post.tokens_per_expert", "dispatch.permuted.tokens_per_expert"):
         if name in cache.tensors:
             return [int(x) for x in cache.tensors[name].reshape(-1).tolist()]

@@ -36,6 +36,17 @@ def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False
                 label=f"{cfg.dispatcher}/{cfg.router_dtype}" + ("/det" if cfg.deterministic else ""))
 
 
+def run(cluster, cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 3,
+        **knobs) -> dict:
+    """One probe case on a running cluster → its record (the protocol's; nothing written to disk)."""
+    from . import protocol
+
+    import sys
+
+    return protocol.run(sys.modules[__name__], cluster=cluster, notebook="",
+                        cases=[case(cfg, cut=cut, trials=trials, detail=detail, repeats=repeats, **knobs)])[0]
+
+
 def cases(params: dict) -> list[Case]:
     from .. import profiles
 

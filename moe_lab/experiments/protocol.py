@@ -18,7 +18,6 @@ source hash: a record is reused only for exactly that measurement, never for ano
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import hashlib
 import json
@@ -179,7 +178,7 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
              whose key is already there is not measured again, its records are returned as they were.
     progress: progress(iterable, description) → iterable (a tqdm); on_record: called with each new record.
     """
-    from ..controller.cluster import Cluster, ClusterError
+    from ..controller.cluster import ClusterError
     from .. import profiles
 
     cases = list(cases if cases is not None else experiment.cases(params))

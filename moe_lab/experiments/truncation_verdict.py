@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .. import stats
 from .remedies import EMULATIONS, parse
-from .labels import label, rem_label
+from .labels import rem_label
 from .truncation import COST_GOAL
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
 
 
 import matplotlib.pyplot as plt  # noqa: E402

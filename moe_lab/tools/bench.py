@@ -7,6 +7,7 @@ import datetime
 import itertools
 import logging
 import os
+import pickle
 import platform
 import shutil
 import statistics
@@ -124,7 +125,6 @@ def run(device: str | None = "cpu", engines: int | None = None, config: MoEConfi
     """
     from ..controller.cluster import Cluster
     from ..controller.placement import default_config
-    from ..engine import compat
     from ..experiments import probe, protocol
 
     if quick:

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from moe_lab import bench
+from moe_lab.cli import bench as bench_cli
+from moe_lab.tools import bench
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_record_carries_machine_targets_and_formats(quick):
     assert set(quick["capture"]["forward_ms"]) == {"plain", "fingerprint", "capture", "capture_fingerprints"}
     assert len(quick["memory"]["per_rank"]) == 4 and quick["memory"]["max_rss_bytes"] > 0
     json.dumps(quick)
-    table = bench.format_table(quick)
+    table = bench_cli.format_table(quick)
     assert "| sweep of 4 configs, results equal: yes |" in table
     assert "[1024 x 4096] bf16" in table and "load average" in table
 
@@ -49,5 +50,7 @@ def test_record_carries_machine_targets_and_formats(quick):
 def test_bad_input_is_refused_before_anything_starts(capsys):
     with pytest.raises(ValueError, match=r"repeats \(0\) must be a positive integer"):
         bench.run(repeats=0)
-    assert bench.main(["--repeats", "0"]) == 2
+    from moe_lab import cli
+
+    assert cli.main(["bench", "--repeats", "0"]) == 2
     assert "moe-lab bench: error:" in capsys.readouterr().err

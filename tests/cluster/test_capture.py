@@ -3,14 +3,14 @@
 import ipyparallel as ipp
 import pytest
 
-from moe_lab import experiments, localise
 from moe_lab.config import MoEConfig
+from moe_lab.experiments import localise, protocol
 
 pytestmark = pytest.mark.cluster
 
 
 def _case(cluster, **kw):
-    per_rank = cluster.run(localise.localise_case, MoEConfig(**kw).asdict())
+    per_rank = cluster.run(localise.on_engine, {"moe": MoEConfig(**kw).asdict()})
     return per_rank, localise.stage_rows(per_rank)
 
 
@@ -46,7 +46,7 @@ def test_alltoall_copies_are_compared_and_equal(cpu_cluster):
 
 
 def test_hooks_and_collective_wrappers_are_removed(cpu_cluster):
-    cpu_cluster.run(localise.localise_case, MoEConfig().asdict())
+    cpu_cluster.run(localise.on_engine, {"moe": MoEConfig().asdict()})
     leftovers = cpu_cluster.run(_leftovers, MoEConfig().asdict())
     assert leftovers == [[]] * 4
 
@@ -56,10 +56,10 @@ def _leftovers(cfg_dict):
     import torch.distributed
     from megatron.core.tensor_parallel import mappings
 
-    from moe_lab import measure
     from moe_lab.config import MoEConfig
+    from moe_lab.engine import layer as layer_mod
 
-    layer = measure.get_layer(MoEConfig(**cfg_dict))
+    layer = layer_mod.get_layer(MoEConfig(**cfg_dict))
     bad = [k for k, v in vars(layer.token_dispatcher).items() if getattr(v, "_moe_lab_capture", False)]
     bad += ["router.hooks"] if layer.router._forward_hooks else []
     bad += ["layer.hooks"] if layer._forward_hooks or layer.experts._forward_hooks else []
@@ -73,13 +73,19 @@ def test_notebook_02_records(cpu_cluster):
     from moe_lab import profiles
 
     P = profiles.load("cpu", {"dispatchers": ["allgather"]})
-    R = experiments.localise_probs_path(cpu_cluster, P)
-    by = {c["variant"]: c for c in R["cases"]}
+    recs = protocol.run(localise, P, cluster=cpu_cluster)
+    cases = [r for r in recs if r["record"] == "case"]
+    by = {c["variant"]: c for c in cases}
     assert by["bf16 (nothing)"]["first_divergent_stage"] == "combine.comm"
     assert by["bf16 (nothing)"]["probs_gather_dtype"] == "bfloat16"
     assert by["probs fp32 before gather (reporter's fix)"]["first_divergent_stage"] is None
-    for rec in R["stages"] + R["ledger"]:
-        assert rec["notebook"] == "02" and rec["megatron_core"]
-    assert {"op", "dtype", "role"} <= set(R["ledger"][0])
-    assert "stage" in R["stages"][0] and "first_divergent_stage" in R["stages"][0]
-    assert "combine.comm" in experiments.verdict_02(R["cases"])
+    stages = [r for r in recs if r["record"] == "stage"]
+    ledger = [r for r in recs if r["record"] == "collective"]
+    for rec in recs:
+        assert rec["notebook"] == "02" and rec["megatron_core"] and rec["case_key"]
+    assert {"op", "dtype", "role"} <= set(ledger[0])
+    assert "stage" in stages[0] and "first_divergent_stage" in stages[0]
+    v = localise.verdict(recs)
+    assert "combine.comm" in v
+    # the verdict follows the records: both fp32 variants remove it here, and it says so
+    assert "make(s) every stage agree" in v

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from moe_lab import measure, probe
-from moe_lab.cluster import Cluster, ClusterError
+from moe_lab.controller.cluster import Cluster, ClusterError
+from moe_lab.engine import layer
+from moe_lab.experiments import probe
 from moe_lab.config import ClusterConfig, MoEConfig
 
 pytestmark = pytest.mark.cluster
@@ -25,22 +26,22 @@ def test_cluster_is_up_and_verified(cpu_cluster):
 
 def test_same_seed_same_weights_on_rebuild(cpu_cluster):
     cfg = MoEConfig().asdict()
-    first = cpu_cluster.run(measure.weights_fingerprint, cfg, rebuild=True)
-    second = cpu_cluster.run(measure.weights_fingerprint, cfg, rebuild=True)
+    first = cpu_cluster.run(layer.weights_fingerprint, cfg, rebuild=True)
+    second = cpu_cluster.run(layer.weights_fingerprint, cfg, rebuild=True)
     assert first == second
     # Router weights are replicated: identical on every rank. Experts differ rank to rank (different experts).
     routers = {fp["router.weight"] for fp in first}
     assert len(routers) == 1
     fc1 = {fp["experts.local_experts.0.linear_fc1.weight"] for fp in first}
     assert len(fc1) == 4
-    other = cpu_cluster.run(measure.weights_fingerprint, MoEConfig(seed=7).asdict(), rebuild=True)
+    other = cpu_cluster.run(layer.weights_fingerprint, MoEConfig(seed=7).asdict(), rebuild=True)
     assert other[0]["router.weight"] != first[0]["router.weight"]
 
 
 def test_allgather_bf16_diverges_across_ranks_and_router_fp32_removes_it(cpu_cluster):
     """The seed report on CPU/gloo, EP=4: measured per run, never assumed."""
-    bf16 = probe.run_case(cpu_cluster, MoEConfig(dispatcher="allgather", router_dtype="none"), repeats=1)
-    fp32 = probe.run_case(cpu_cluster, MoEConfig(dispatcher="allgather", router_dtype="fp32"), repeats=1)
+    bf16 = probe.run(cpu_cluster, MoEConfig(dispatcher="allgather", router_dtype="none"), repeats=1)
+    fp32 = probe.run(cpu_cluster, MoEConfig(dispatcher="allgather", router_dtype="fp32"), repeats=1)
     assert bf16["cross_rank"]["mismatch_frac"] > 0
     assert bf16["cross_rank"]["max_ulp"] >= 1
     assert fp32["cross_rank"]["mismatch_frac"] == 0 and fp32["cross_rank"]["bitwise_equal"]
@@ -51,13 +52,13 @@ def test_allgather_bf16_diverges_across_ranks_and_router_fp32_removes_it(cpu_clu
 
 
 def test_alltoall_runs_with_shims(cpu_cluster):
-    rec = probe.run_case(cpu_cluster, MoEConfig(dispatcher="alltoall", router_dtype="fp64"), repeats=1)
+    rec = probe.run(cpu_cluster, MoEConfig(dispatcher="alltoall", router_dtype="fp64"), repeats=1)
     assert rec["cross_rank"]["numel"] == 128 * 256  # the whole [seq x hidden] output was compared
     assert rec["rerun"]["bitwise_equal"]
 
 
 def test_detail_matches_headline(cpu_cluster):
-    rec = probe.run_case(cpu_cluster, MoEConfig(dispatcher="allgather"), detail=True, repeats=1)
+    rec = probe.run(cpu_cluster, MoEConfig(dispatcher="allgather"), detail=True, repeats=1)
     d = rec["detail"]
     assert set(d["pairs"]) == {"0-1", "0-2", "0-3"}
     worst = max(p["mismatch_frac"] for p in d["pairs"].values())
@@ -79,8 +80,9 @@ def test_a_timed_out_call_names_the_ranks(cpu_cluster):
 
 
 def test_engine_errors_name_the_rank(cpu_cluster):
-    with pytest.raises(ClusterError, match=r"rank \d \(engine \d+\) failed in .*ValueError: cut \(500\)"):
-        cpu_cluster.run(measure.run_case, dict(MoEConfig().asdict(), seq_len=128), cut=500)
+    bad = probe.case(MoEConfig(), cut=90).payload() | {"cut": 500}  # past the input: the engine function fails
+    with pytest.raises(ClusterError, match=r"rank \d \(engine \d+, pid \d+\) failed in .*ValueError: cut \(500\)"):
+        cpu_cluster.run(probe.on_engine, bad)
 
 
 def test_stop_leaves_no_engine_processes():
@@ -112,10 +114,10 @@ def test_restart_engines_switches_release_and_keeps_the_controller():
     processes that import the other megatron-core; the cluster answers again, then switches back."""
     import psutil
 
-    from moe_lab import compat, measure, sweep
-    from moe_lab.config import MoEConfig
+    from moe_lab.engine import compat
+    from moe_lab.experiments import protocol
 
-    other = sweep.release_path("0.12.3", None)  # installed side by side (cached, shared with notebook 03)
+    other = protocol.release_path("0.12.3", None)  # installed side by side (cached, shared with notebook 03)
     cfg = MoEConfig(hidden=32, num_experts=4, topk=2, ffn_hidden=64, seq_len=16, dispatcher="allgather")
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
         ipp_cluster, profile, reaper = c._ipp, c.profile_dir, c._reaper.pid
@@ -130,8 +132,8 @@ def test_restart_engines_switches_release_and_keeps_the_controller():
         assert set(c.engine_ids).isdisjoint(old_ids) and len(c.engine_ids) == 2
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old_pids)
         assert 0 < c.timings["restart_s"] and c.timings["ready_s"] == c.timings["restart_s"]
-        a, b = c.run(measure.run_case, cfg.asdict(), cut=8, repeats=0, what="a forward on 0.12.3")
-        assert a["rerun"]["bitwise_equal"] and a["out_shape"] == [16, 1, 32]
+        a, b = c.run(probe.on_engine, probe.case(cfg, cut=8, repeats=0).payload(), what="a forward on 0.12.3")
+        assert a["trials"][0]["rerun"]["bitwise_equal"] and a["out_shape"] == [16, 1, 32]
 
         c.restart_engines(extra_path=())
         assert c.summary()["megatron_core"] == compat.installed_version()

@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from moe_lab import dist, probe
-from moe_lab.cluster import Cluster, cluster_processes
+from moe_lab.controller.cluster import Cluster
+from moe_lab.controller.processes import cluster_processes
+from moe_lab.engine import dist
+from moe_lab.experiments import probe
 from moe_lab.config import ClusterConfig, MoEConfig
 
 pytestmark = pytest.mark.cluster
@@ -68,7 +70,7 @@ def test_mpi_launcher_ranks_forward_restart_and_clean_stop(tmp_path):
         assert [i["local_rank"] for i in c.info] == [0, 1] and [i["rank"] for i in c.info] == [0, 1]
         assert c.profile_dir.startswith(str(tmp_path))
 
-        rec = probe.run_case(c, SMALL, cut=8, repeats=0)
+        rec = probe.run(c, SMALL, cut=8, repeats=0)
         assert rec["world"] == 2 and rec["ep"] == 2 and rec["backend"] == "gloo"
         assert rec["cross_rank"]["numel"] == 16 * 32 and rec["rerun"]["bitwise_equal"]
 
@@ -81,7 +83,7 @@ def test_mpi_launcher_ranks_forward_restart_and_clean_stop(tmp_path):
         assert [p["local_rank"] for p in c.placement] == [0, 1]
         assert not any(_alive(p) for p in old_pids)
         assert c.run(os.getenv, "MOE_LAB_TEST") == ["restarted", "restarted"]
-        assert probe.run_case(c, SMALL, cut=8, repeats=0)["rerun"]["bitwise_equal"]
+        assert probe.run(c, SMALL, cut=8, repeats=0)["rerun"]["bitwise_equal"]
         pids = [p["pid"] for p in c.placement]
         profile = c.profile_dir
         new_mpiexec_pid = next(iter(c._ipp.engines.values())).pid

@@ -2,7 +2,8 @@
 
 import pytest
 
-from moe_lab import scale
+from moe_lab.cli import scale as scale_cli
+from moe_lab.tools import scale_measure
 from moe_lab.config import MoEConfig
 
 pytestmark = pytest.mark.cluster
@@ -16,8 +17,8 @@ LAYER = MoEConfig(hidden=1024, num_experts=8, topk=4, ffn_hidden=2048, seq_len=5
 ])
 def test_calculation_matches_the_real_layer(cpu_cluster, dispatcher, router_dtype, deterministic):
     cfg = LAYER.replace(dispatcher=dispatcher, router_dtype=router_dtype, deterministic=deterministic)
-    per_rank = cpu_cluster.run(scale.measure_layer, cfg.asdict(), cut=90, what="scale measure_layer")
-    rec = scale.compare_measured(cfg, 4, per_rank, device="cpu")
+    per_rank = cpu_cluster.run(scale_measure.measure_layer, cfg.asdict(), cut=90, what="scale measure_layer")
+    rec = scale_measure.compare_measured(cfg, 4, per_rank, device="cpu")
     # parameters: exactly what the calculation says, on every rank
     assert rec["params_equal"], [(r["param_bytes"], r["param_bytes_calc"]) for r in rec["ranks"]]
     assert all(r["param_bytes"] == 8 * 1024 * 2 + 2 * 2 * 2048 * 1024 * 2 for r in rec["ranks"])
@@ -32,4 +33,4 @@ def test_calculation_matches_the_real_layer(cpu_cluster, dispatcher, router_dtyp
         busiest = max(rec["ranks"], key=lambda r: r[key])
         assert 0.95 <= busiest[key + "_ratio"] <= 1.05, (key, ratios)
         assert all(0.85 <= x <= 1.15 for x in ratios), (key, ratios)
-    print(scale.format_measured([rec]))
+    print(scale_cli.format_measured([rec]))

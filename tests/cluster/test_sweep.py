@@ -1,13 +1,15 @@
-"""The sweep grid, its input checks and resuming from results.json without re-measuring."""
+"""Notebook 03's grid, its input checks, and resuming from results.json without re-measuring."""
 
 import pytest
 
-from moe_lab import profiles, results, sweep
+from moe_lab import profiles
+from moe_lab.experiments import promotion, protocol
+from moe_lab.reporting import results
 
 
 def test_grid_is_the_full_product():
     P = profiles.load("cpu")
-    cells = sweep.grid(P)
+    cells = promotion.grid(P)
     assert len(cells) == 2 * 3 * 2 * 2
     assert len({(c.dispatcher, c.router_dtype, c.probs_fp32_gather, c.deterministic) for c in cells}) == len(cells)
 
@@ -22,10 +24,11 @@ def test_bad_sweep_parameters(bad, msg):
 @pytest.mark.cluster
 def test_an_interrupted_sweep_resumes_without_remeasuring(tmp_path, monkeypatch):
     P = profiles.load("cpu", {"dispatchers": ["allgather"], "router_dtypes": ["none", "fp32"], "releases": ["installed"],
-                              "repeats": 1, "probs_fp32_gather": [False], "deterministic": [False]})
+                              "repeats": 1, "trials": 1, "cost_rounds": 2, "probs_fp32_gather": [False],
+                              "deterministic": [False]})
     path = tmp_path / "results.json"
     calls = []
-    real = sweep.run_cell
+    real = protocol.measure
 
     def one_then_interrupt(*a, **k):
         if calls:
@@ -33,14 +36,15 @@ def test_an_interrupted_sweep_resumes_without_remeasuring(tmp_path, monkeypatch)
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(sweep, "run_cell", one_then_interrupt)
+    monkeypatch.setattr(protocol, "measure", one_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        sweep.run(P, path)
+        protocol.run(promotion, P, results=path)
     kept = results.load(path)
     assert len(kept) == 1 and kept[0]["router_dtype"] == "none"  # the finished cell was kept
 
-    monkeypatch.setattr(sweep, "run_cell", real)
-    recs = sweep.run(P, path)
+    monkeypatch.setattr(protocol, "measure", real)
+    recs = protocol.run(promotion, P, results=path)
     assert [r["router_dtype"] for r in recs] == ["none", "fp32"]
     assert len(results.load(path)) == 2  # the first cell was not measured again
     assert recs[0]["cross_rank"]["mismatch_frac"] > 0 and recs[1]["cross_rank"]["bitwise_equal"]
+    assert recs[1]["cost"]["rounds"] == 2 and recs[0]["notebook"] == "03"

@@ -4,8 +4,9 @@ CPU layer, fails under the split-K EMULATION, passes again with the batch-invari
 import pytest
 import torch
 
-from moe_lab import metrics, profiles, truncation
+from moe_lab import metrics, profiles
 from moe_lab.config import MoEConfig
+from moe_lab.experiments import protocol, truncation, truncation_verdict
 
 pytestmark = pytest.mark.cluster
 
@@ -15,10 +16,14 @@ BOTH = [CFG, CFG.replace(dispatcher="alltoall")]
 
 
 def _cases(cluster, cfg, *cases, repeats=2):
-    per_rank = cluster.run(truncation.engine_cases, cfg.asdict(), [dict(tile=None) | c for c in cases], cut=CUT,
-                           repeats=repeats)
-    assert len(per_rank) == 4
-    return [[r[i] for r in per_rank] for i in range(len(cases))]  # per case: the 4 ranks' results
+    """Per case: the 4 ranks' results of its engine function (one trial: comparisons as lists of one)."""
+    out = []
+    for c in cases:
+        per_rank = cluster.run(truncation.engine_case, cfg.asdict(), dict(tile=None) | c, cut=CUT, rounds=repeats)
+        assert len(per_rank) == 4
+        out.append([{**r, "truncation": r["truncation"][0], "rerun": r["rerun"][0]} if r["available"] else r
+                    for r in per_rank])
+    return out
 
 
 def _all(rows, cmp="truncation"):
@@ -99,9 +104,10 @@ def test_tolerance_explanation_holds_on_the_measured_outputs(cpu_cluster):
 
 
 def test_controller_run_records(cpu_cluster):
-    params = profiles.load("cpu", {"dispatchers": ["alltoall"]})
-    recs = truncation.run(cpu_cluster, params, emulations=["none", "splitk_bf16+atomics"],
-                          remedies=["deterministic+tiled_experts"], repeats=2, kernel_ms=[64, 128, 512])
+    params = profiles.load("cpu", {"dispatchers": ["alltoall"], "trials": 2})
+    cases = truncation.cases(params, emulations=["none", "splitk_bf16+atomics"], remedies=["deterministic+tiled_experts"],
+                             rounds=2, ms=[64, 128, 512])
+    recs = protocol.run(truncation, params, cluster=cpu_cluster, cases=cases)
     kinds = [r["kind"] for r in recs]
     # kernel probe: (plain, tiled, no split-K) x (real, EMULATED splitk) x (fc1, fc2) x 3 M values
     assert kinds.count("routing") == 1 and kinds.count("case") == 4 and kinds.count("kernel") == 6 * 2 * 3
@@ -115,6 +121,7 @@ def test_controller_run_records(cpu_cluster):
     fixed = cases[("splitk_bf16+atomics", "deterministic+tiled_experts")]
     assert fixed["truncation"]["bitwise_equal"] and fixed["rerun"]["bitwise_equal"] and fixed["tile"] == 256
     assert fixed["overhead"] > 0 and len(fixed["token_mismatch_frac"]) == CUT
+    assert fixed["truncation"]["trials"] == 2 and fixed["cost"]["rounds"] == 2
     kern = {(r["linear"], r["emulation"], r["remedy"], r["M"]): r["kernel"]["bitwise_equal"]
             for r in recs if r["kind"] == "kernel"}
     for lin in ("fc1", "fc2"):
@@ -127,5 +134,5 @@ def test_controller_run_records(cpu_cluster):
         assert set(splits["no_splitk"]) == {1}  # at K=256, so the bits are not asserted here); forbidden: one pass
         assert all(kern[(lin, "splitk", "tiled_experts", m)] for m in (64, 128, 512))
         assert all(kern[(lin, "splitk", "no_splitk", m)] for m in (64, 128, 512))  # the emulation obeys the switch
-    v = truncation.verdict(recs)
+    v = truncation_verdict.verdict(recs)
     assert "EMULATED splitk_bf16+atomics" in v and "deterministic+tiled_experts T=256" in v

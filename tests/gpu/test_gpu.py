@@ -2,7 +2,7 @@
 
 import pytest
 
-from moe_lab import probe
+from moe_lab.experiments import probe
 from moe_lab.cluster import Cluster, default_config
 from moe_lab.config import MoEConfig
 

@@ -59,10 +59,25 @@ def test_01_records_the_divergence(cpu_report):
     assert by[("allgather", "fp64")]["cross_rank"]["mismatch_frac"] == 0
 
 
+def test_a_rerun_with_another_layer_parameter_reuses_nothing(cpu_report):
+    """#12: notebook 01 again into the same report directory at seq_len 96: every case is measured anew (the resume
+    key covers the layer), the old records stay in results.json, and the notebook shows only the new ones."""
+    out = cpu_report["out"]
+    before = [r for r in json.loads((out / "results.json").read_text()) if r["notebook"] == "01"]
+    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", "cpu", "--only", "01", "-p", "seq_len=96",
+                        "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = [r for r in json.loads((out / "results.json").read_text()) if r["notebook"] == "01"]
+    assert len(after) == len(before) + 6
+    assert sorted({x["config"]["seq_len"] for x in after}) == [96, 128]
+    row = next(x for x in json.loads((out / "index.json").read_text())["notebooks"] if x["notebook"] == "01")
+    assert "of 24,576 elements" in row["verdict"] and "of 32,768 elements" not in row["verdict"]  # 96 x 256 only
+
+
 def test_a_failing_notebook_gets_html_and_a_nonzero_exit(tmp_path):
     import nbformat
 
-    from moe_lab import report
+    from moe_lab.reporting import runner as report
 
     nb_dir = tmp_path / "nbs"
     nb_dir.mkdir()
@@ -154,7 +169,8 @@ def test_03_router_fp32_removes_the_allgather_divergence_from_0_12_on(cpu_report
     # 0.11 has no moe_router_dtype: those cells are n/a; the reporter's fix leaves an fp32 output that still differs.
     old = [r for r in cells if r["megatron_core"] == "0.11.0"]
     assert all("skipped" in r for r in old if r["router_dtype"] != "none")
-    fix = next(r for r in old if r["dispatcher"] == "allgather" and r["probs_fp32_gather"] and not r["deterministic"])
+    fix = next(r for r in old if r["dispatcher"] == "allgather" and r["router_dtype"] == "none" and r["probs_fp32_gather"]
+               and not r["deterministic"])
     assert fix["out_dtype"] == "float32" and fix["combine_dtype"] == "float32"
     assert fix["cross_rank"]["mismatch_frac"] > 0
     assert all(r["t_forward_s"] > 0 for r in ran)
@@ -179,13 +195,13 @@ def test_04_truncation_reproduced_explained_and_fixed_under_emulation(cpu_report
 def test_a_relative_out_dir_keeps_results_json_beside_the_html(tmp_path, monkeypatch):
     import nbformat
 
-    from moe_lab import report
+    from moe_lab.reporting import runner as report
 
     nb_dir = tmp_path / "nbs"
     nb_dir.mkdir()
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("from pathlib import Path\nfrom moe_lab import results\n"
+                nbformat.v4.new_code_cell("from pathlib import Path\nfrom moe_lab.reporting import results\n"
                                           "results.append(Path(out_dir) / 'results.json', [{'x': 1}], notebook='01')")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, nb_dir / "01_t.ipynb")

@@ -7,7 +7,7 @@ import pytest
 pytestmark = pytest.mark.notebook
 
 CELLS = [
-    "from moe_lab.cluster import Cluster\nfrom moe_lab.config import ClusterConfig\n"
+    "from moe_lab.controller.cluster import Cluster\nfrom moe_lab.config import ClusterConfig\n"
     "c = Cluster(ClusterConfig(device='cpu', engines=2, timeout_s=60)).start()\nc.activate()",
     "%%px\nimport torch, torch.distributed as dist\nr = dist.get_rank()\n"
     "x = torch.ones(1) * (r + 1)\ndist.all_reduce(x)\ns = float(x)",

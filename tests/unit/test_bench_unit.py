@@ -1,6 +1,6 @@
 """bench's equality rule: on GPU only deterministic-mode configs are held equal between the two paths (#8)."""
 
-from moe_lab import bench
+from moe_lab.tools import bench
 from moe_lab.config import MoEConfig
 
 
@@ -31,9 +31,11 @@ def test_capture_overhead_from_rounds_cancels_drift_between_rounds():
     t = {"plain": [1.0, 2.0, 1.0, 1.0], "fingerprint": [1.02, 2.04, 1.02, 1.02], "capture": [1.0, 2.0, 1.0, 1.0],
          "capture_fingerprints": [2.0, 4.0, 2.0, 2.0]}
     slow_rank = {m: [x * 1.5 if i == 0 else x for i, x in enumerate(v)] for m, v in t.items()}
-    p = bench._paired([{"times_s": t}, {"times_s": slow_rank}])  # round 1 is bounded by the slow rank, in every mode
-    assert round(p["paired_overhead_pct"]["fingerprint"], 6) == 2.0 and p["paired_iqr_pct"]["fingerprint"] < 1e-9
-    assert p["paired_overhead_pct"]["capture_fingerprints"] == 100.0 and p["rounds"] == 4
+    cap = bench._capture([{"times_s": t, "stages": 3}, {"times_s": slow_rank, "stages": 3}], MoEConfig())
+    # round 1 is bounded by the slow rank, in every mode: the ratio is the same in every round
+    assert round(cap["overhead_pct"]["fingerprint"], 6) == 2.0
+    assert [round(x, 6) for x in cap["overhead_ci_pct"]["fingerprint"]] == [2.0, 2.0]
+    assert cap["overhead_pct"]["capture_fingerprints"] == 100.0 and cap["rounds"] == 4
 
 
 def test_capture_only_checks_rounds_before_starting_anything():

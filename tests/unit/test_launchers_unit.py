@@ -6,9 +6,10 @@ import shutil
 import pytest
 
 from moe_lab import profiles
-from moe_lab.cluster import assign_ranks, default_config, launcher_settings, profile_parent
+from moe_lab.controller.launchers import assign_ranks, launcher_settings, profile_parent
+from moe_lab.controller.placement import default_config
 from moe_lab.config import LAUNCHERS, ClusterConfig
-from moe_lab.dist import gpu_index
+from moe_lab.engine.dist import gpu_index
 
 # ---------------------------------------------------------------------------------------------- ranks from nodes
 

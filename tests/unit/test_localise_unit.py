@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from moe_lab import localise
-from moe_lab.localise import COPIES, COPIES_PER_EXPERT, LOCAL, REPLICATED
+from moe_lab.engine import toolkit
+from moe_lab.experiments import localise
+from moe_lab.experiments.localise import COPIES, COPIES_PER_EXPERT, LOCAL, REPLICATED
 
 
 @pytest.mark.parametrize("stage, dispatcher, kind", [
@@ -36,7 +37,7 @@ def test_copy_parts_blocks_and_a_planted_difference():
     parts = localise.copy_parts(t, COPIES, 3, None)
     assert all(torch.equal(p, parts[0]) for p in parts)
     t[4, 1] = t[4, 1] + 1
-    cmp = localise._compare_copies(t, COPIES, 3, None)
+    cmp = toolkit.compare_parts(localise.copy_parts(t, COPIES, 3, None))
     assert cmp["n_mismatch"] == 1 and cmp["worst_copy"] == 1
 
 
@@ -50,5 +51,5 @@ def test_first_divergent_uses_execution_order():
 
 def test_compare_any_handles_bool_and_int():
     a = torch.tensor([True, False, True])
-    c = localise.compare_any(a, torch.tensor([True, True, True]))
+    c = toolkit.compare_any(a, torch.tensor([True, True, True]))
     assert c["n_mismatch"] == 1 and not c["bitwise_equal"]

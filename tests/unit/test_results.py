@@ -1,6 +1,6 @@
-"""results.json (#7): atomic appends, concurrent writers, bad files reported and kept, resumable sweeps."""
+"""results.json (#7): atomic appends, concurrent writers, bad files reported and kept, ordinary permissions.
+(Resuming by case key is the experiment protocol's: tests/unit/test_protocol_unit.py.)"""
 
-import json
 import os
 import subprocess
 import sys
@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from moe_lab import results
-from moe_lab.results import ResultsFileError
+from moe_lab.reporting import results
+from moe_lab.reporting.results import ResultsFileError
 
 
 def _rec(i, **kw):
@@ -44,8 +44,6 @@ def test_a_bad_file_is_reported_and_never_overwritten(tmp_path, content, message
     assert message in str(e.value) and "not overwritten" in str(e.value) and str(p) in str(e.value)
     with pytest.raises(ResultsFileError):
         results.append(p, [_rec(1)])
-    with pytest.raises(ResultsFileError):
-        results.resume(p, [1], lambda c: _rec(c), key=lambda c: {"config": {"seed": c}})
     assert p.read_bytes() == before
 
 
@@ -70,7 +68,7 @@ def test_a_process_killed_between_write_and_rename_leaves_the_old_file(tmp_path)
     before = p.read_bytes()
     code = textwrap.dedent(f"""
         import os
-        from moe_lab import results
+        from moe_lab.reporting import results
         os.replace = lambda *a: os._exit(9)   # the process dies after writing the temp file, before the rename
         results.append({str(p)!r}, [{{"config": {{"seed": 2}}}}])
     """)
@@ -84,7 +82,7 @@ def test_concurrent_appends_lose_nothing(tmp_path):
     p = tmp_path / "results.json"
     code = textwrap.dedent("""
         import sys
-        from moe_lab import results
+        from moe_lab.reporting import results
         for i in range(8):
             results.append(sys.argv[1], [{"writer": sys.argv[2], "i": i, "pad": "x" * 20000}])
     """)  # the padding makes each read-modify-write slow enough that, without the lock, writers overwrite each other
@@ -94,39 +92,12 @@ def test_concurrent_appends_lose_nothing(tmp_path):
     assert got == {(str(w), i) for w in range(3) for i in range(8)}
 
 
-def test_case_key_is_the_measurement_not_the_numbers():
-    a = _rec(1, notebook="01", megatron_core="0.16.1", time="t1")
-    b = dict(a, time="t2", cross_rank={"mismatch_frac": 0.9})  # same case measured again
-    assert results.case_key(a) == results.case_key(b)
-    for change in ({"config": {"seed": 2}}, {"notebook": "02"}, {"world": 2}, {"megatron_core": "0.12.3"},
-                   {"remedy": "router_fp32"}, {"cut": 60}):
-        assert results.case_key(dict(a, **change)) != results.case_key(a), change
-    assert json.loads(results.case_key(a))["config"] == {"seed": 1}
-
-
-def test_resume_skips_measured_cases_and_keeps_each_finished_one(tmp_path):
+def test_the_file_gets_ordinary_permissions(tmp_path):
+    """#16: mkstemp makes 0600 files; results.json is a report file like the HTML beside it (umask applies)."""
     p = tmp_path / "results.json"
-    env = {"world": 4, "device": "cpu", "gpu": None, "megatron_core": "0.16.1"}
-    ran = []
-
-    def run(seed):
-        if seed == 3 and not ran.count("crashed"):
-            ran.append("crashed")
-            raise KeyboardInterrupt  # Ctrl-C (or a dead engine) in the middle of the sweep
-        ran.append(seed)
-        return {**env, "config": {"seed": seed}, "cut": 90, "value": seed * 10}
-
-    def key(seed):
-        return {**env, "config": {"seed": seed}, "cut": 90}
-
-    with pytest.raises(KeyboardInterrupt):
-        results.resume(p, [1, 2, 3, 4], run, key=key, notebook="01")
-    assert [r["config"]["seed"] for r in results.load(p)] == [1, 2]  # what was measured is kept
-    assert results.done_keys(p) == {results.case_key({**key(s), "notebook": "01"}) for s in (1, 2)}
-
-    recs = results.resume(p, [1, 2, 3, 4], run, key=key, notebook="01")
-    assert ran == [1, 2, "crashed", 3, 4]  # the rerun measured only what was missing
-    assert [r["value"] for r in recs] == [10, 20, 30, 40] and all(r["notebook"] == "01" for r in recs)
-    assert len(results.load(p)) == 4
-    other = results.resume(p, [1], run, key=key, notebook="02")  # another notebook is another case
-    assert ran[-1] == 1 and other[0]["notebook"] == "02"
+    old = os.umask(0o022)
+    try:
+        results.append(p, [_rec(1)])
+    finally:
+        os.umask(old)
+    assert oct(p.stat().st_mode & 0o777) == oct(0o644)

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from moe_lab import cli, metrics, scale
+from moe_lab import cli, metrics
+from moe_lab.tools import scale, scale_measure
 from moe_lab.config import MoEConfig
 
 # hidden 8, 4 experts, top-2, ffn 16, 10 tokens, bf16 (2 B), router dtype = bf16
@@ -131,19 +132,19 @@ def test_lab_comparison_constants_match_the_cpu_allocator():
     a = torch.randn(n // 64, 64).to(torch.bfloat16)
     b = a.clone()
     b[0, 0] += 1
-    peak = scale._cpu_peak(lambda: metrics.compare(a, b))["peak_bytes"] / n
+    peak = scale_measure._cpu_peak(lambda: metrics.compare(a, b))["peak_bytes"] / n
     assert peak == pytest.approx(scale.COMPARE_BYTES_PER_ELEMENT, rel=0.1)
     # fingerprint: bounded by one chunk's working set, whatever the size; the weight table is its only state
     assert (scale.FINGERPRINT_CHUNK_WORDS["cuda"], scale.FINGERPRINT_CHUNK_WORDS["cpu"]) == (metrics.FP_CHUNK,
                                                                                            metrics.FP_CHUNK_CPU)
     metrics._FP_TABLES.clear()
-    cold = scale._cpu_peak(lambda: metrics.fingerprint(a))
+    cold = scale_measure._cpu_peak(lambda: metrics.fingerprint(a))
     assert cold["kept_bytes"] == pytest.approx(scale.FINGERPRINT_TABLE_BYTES, rel=0.01)
-    warm = scale._cpu_peak(lambda: metrics.fingerprint(a))
+    warm = scale_measure._cpu_peak(lambda: metrics.fingerprint(a))
     assert warm["peak_bytes"] == pytest.approx(scale.fingerprint_peak_bytes(n, "cpu"), rel=0.05)
     big = torch.zeros(1 << 20, dtype=torch.bfloat16)  # 4 chunks on CPU: the peak stays one chunk's
     metrics.fingerprint(big)
-    assert scale._cpu_peak(lambda: metrics.fingerprint(big))["peak_bytes"] == pytest.approx(
+    assert scale_measure._cpu_peak(lambda: metrics.fingerprint(big))["peak_bytes"] == pytest.approx(
         scale.fingerprint_peak_bytes(big.numel(), "cpu"), rel=0.05)
     assert scale.fingerprint_peak_bytes(big.numel(), "cpu") == scale.FINGERPRINT_CHUNK_WORDS["cpu"] * 24
 

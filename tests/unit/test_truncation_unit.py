@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of moe_lab.truncation and moe_lab.batch_invariance (no engines): the bf16 tolerance table, the M-dependent split-K
+"""Unit tests for the pure parts of moe_lab.experiments.truncation and .remedies (no engines): the bf16 tolerance table, the M-dependent split-K
 EMULATION, fixed-row tiling, the ordered combine, and input checks. Expected numbers are written by hand."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moe_lab import batch_invariance as B
-from moe_lab import truncation as T
+from moe_lab.experiments import remedies as B
+from moe_lab.experiments import truncation as T
+from moe_lab.experiments import truncation_verdict as V
 
 BF16 = torch.bfloat16
 
@@ -206,17 +207,8 @@ def test_verdict_labels_emulated_cases():
             dict(env, emulation="splitk", emulated=True, remedy="none", truncation=cmp_bad, rerun=cmp_ok),
             dict(env, emulation="splitk", emulated=True, remedy="tiled_experts", tile=64, overhead=1.2,
                  truncation=cmp_ok, rerun=cmp_ok)]
-    v = T.verdict(recs)
+    v = V.verdict(recs)
     assert "EMULATED splitk, no remedy: alltoall 3 of 10 elements differ" in v
     assert "the real layer passes the truncation test bitwise" in v
     assert "(EMULATED splitk): tiled_experts T=64, 1.20x" in v
     assert T.label(recs[2]) == "EMULATED splitk / tiled_experts T=64"
-
-
-def test_paired_cost_takes_the_slowest_rank_per_round_and_the_median_ratio():
-    ranks = [{"ts": [2.0, 3.0, 2.0], "ts_plain": [1.0, 1.0, 2.0]},
-             {"ts": [1.0, 4.0, 2.0], "ts_plain": [2.0, 1.0, 1.0]}]
-    # rounds: case max (2, 4, 2), plain max (2, 1, 2) → ratios 1, 4, 1
-    c = T._paired_cost(ranks)
-    assert c == {"t_plain_s": 2.0, "overhead": 1.0, "overhead_range": [1.0, 4.0]}
-    assert T._paired_cost([{"ts": [1.0]}]) == {}  # records from before paired timing: no cost claimed

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_lab import compat, versions
+from moe_lab.engine import compat
+from moe_lab.tools import versions
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 CP = f"cp{sys.version_info[0]}{sys.version_info[1]}"
@@ -290,7 +291,7 @@ def real_cache(tmp_path_factory, old_wheel_dir):
 
 
 def _import_in_subprocess(path) -> str:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from moe_lab import compat; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from moe_lab.engine import compat; "
             "import megatron.core as mc; print(compat.installed_version(), mc.__file__)")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

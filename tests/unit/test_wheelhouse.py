@@ -18,7 +18,7 @@ from packaging import tags
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from moe_lab import versions, wheelhouse
+from moe_lab.tools import versions, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -40,7 +40,7 @@ def _wheel(folder: Path, name: str, version: str, requires=()) -> Path:
     """A minimal wheel whose METADATA declares `requires`."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = folder / f"{dist}-py3-none-any.whl"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"] + [f"Requires-Dist: {r}" for r in requires]
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(f"{dist}.dist-info/METADATA", "\n".join(meta) + "\n")
     return path
