@@ -13,7 +13,7 @@ _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
                            "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic", "launcher",
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
-                           "truncation_engines"}
+                           "truncation_engines", "one_gpu_engines"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -80,9 +80,10 @@ def check(params: dict, where: str = "parameters") -> None:
         t = params.get(key, 120)
         if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
             raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds")
-    e = params.get("engines", 0)
-    if not isinstance(e, int) or isinstance(e, bool) or e < 0:
-        raise ValueError(f"{where}: engines ({e!r}) must be a positive integer (0 = the device's default)")
+    for key in ("engines", "one_gpu_engines"):
+        e = params.get(key, 0)
+        if not isinstance(e, int) or isinstance(e, bool) or e < 0:
+            raise ValueError(f"{where}: {key} ({e!r}) must be a positive integer (0 = the device's default)")
     if params.get("launcher", "local") not in LAUNCHERS:
         raise ValueError(f"{where}: launcher ({params['launcher']!r}) must be one of {', '.join(map(repr, LAUNCHERS))}")
     if not isinstance(params.get("launcher_options", {}), dict):
@@ -111,13 +112,38 @@ def cluster_config(params: dict, *, engines: int | None = None) -> ClusterConfig
         from .tools import versions
 
         versions.path_for(params["megatron"])  # installed side by side? (a clear message if not)
-    ccfg = default_config(device=params["device"], engines=engines or params.get("engines") or None,
+    ccfg = default_config(device=params["device"], engines=engines or default_engines(params),
                           gpus=params.get("gpus"), timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1),
                           start_timeout_s=float(params.get("start_timeout_s", 120)),
                           launcher=params.get("launcher", "local"),
                           launcher_options=params.get("launcher_options") or {})
     launcher_settings(ccfg)
     return ccfg
+
+
+def default_engines(params: dict) -> int | None:
+    """The profile's engines; 0 means the device's default: one per GPU — or, on a machine with ONE GPU,
+    `one_gpu_engines` ranks sharing it (virtual EP: the seed report's EP=4 on one GPU); 4 on CPU."""
+    n = params.get("engines") or 0
+    if n:
+        return n
+    if params["device"] == "cuda" and params.get("one_gpu_engines") and params.get("launcher", "local") == "local":
+        from .controller.placement import visible_gpus
+
+        if visible_gpus() == 1:
+            return int(params["one_gpu_engines"])
+    return None
+
+
+def truncation_engines(params: dict) -> list[int | None]:
+    """The worlds notebook 04 runs at: `truncation_engines` if given; on one GPU EP=1 and the virtual EP of
+    `one_gpu_engines` (a rank alone on the GPU, then ranks sharing it); else the profile's world (None)."""
+    if params.get("truncation_engines"):
+        return list(params["truncation_engines"])
+    n = default_engines(params)
+    if params["device"] == "cuda" and not params.get("engines") and n and n > 1:
+        return [1, n]
+    return [None]
 
 
 def release(params: dict) -> str:

@@ -4,7 +4,8 @@ megatron-core assumes CUDA. On CPU engines a MoELayer forward needs small, conta
 ../shared/notes/megatron-core-facts.md), applied only on CPU and only in engine processes:
 - `torch.cuda.current_device()` → the CPU device (router, mappings and experts allocate on it);
 - `torch.cuda.Stream/current_stream/stream/synchronize` → no-ops (alltoall dispatcher's DtoH side stream);
-- split sizes that stay CPU tensors/arrays → lists for `all_to_all_single` (gloo rejects tensors);
+- split sizes that stay CPU tensors/arrays → lists for `all_to_all_single` (gloo rejects tensors; also on GPU
+  engines that share a GPU over gloo: `apply_gloo_shims`);
 - 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None (also on GPUs
   without TE: `fix_missing_te`, applied by dist.setup on every device).
 """
@@ -166,20 +167,26 @@ def apply_cpu_shims() -> list[str]:
     torch.Tensor.record_stream = lambda self, *a, **k: None
     _APPLIED.update(current_device=1, streams=1, synchronize=1, record_stream=1)
 
-    orig_a2a = torch.distributed.all_to_all_single
-    if not getattr(orig_a2a, "_moe_lab_lists", False):
-
-        @functools.wraps(orig_a2a)
-        def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
-            return orig_a2a(output, input, _as_list(output_split_sizes), _as_list(input_split_sizes), *a, **k)
-
-        all_to_all_single._moe_lab_lists = True
-        torch.distributed.all_to_all_single = all_to_all_single
-        _APPLIED["all_to_all_single_lists"] = 1
-
+    apply_gloo_shims()
     fix_missing_te()
     logger.debug("CPU shims applied: %s", list(_APPLIED))
     return list(_APPLIED)
+
+
+def apply_gloo_shims() -> None:
+    """gloo's all_to_all_single wants split sizes as lists of ints; megatron's alltoall dispatcher hands it tensors or
+    numpy arrays (NCCL takes those). Applied on CPU engines and on GPU engines that share a GPU (gloo, virtual EP)."""
+    orig_a2a = torch.distributed.all_to_all_single
+    if getattr(orig_a2a, "_moe_lab_lists", False):
+        return
+
+    @functools.wraps(orig_a2a)
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
+        return orig_a2a(output, input, _as_list(output_split_sizes), _as_list(input_split_sizes), *a, **k)
+
+    all_to_all_single._moe_lab_lists = True
+    torch.distributed.all_to_all_single = all_to_all_single
+    _APPLIED["all_to_all_single_lists"] = 1
 
 
 def fix_missing_te() -> bool:

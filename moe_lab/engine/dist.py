@@ -143,6 +143,8 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         dev = torch.device("cuda", gpu)
         backend = "nccl" if ranks_per_gpu == 1 else "gloo"
         compat.fix_missing_te()
+        if backend == "gloo":
+            compat.apply_gloo_shims()
     else:
         torch.set_num_threads(1)  # N engines share the cores; oversubscription only slows every rank
         compat.apply_cpu_shims()

@@ -27,4 +27,19 @@ def describe_cmp(c: dict) -> str:
     return text + (f", in {c['n_differ']} of {trials} trials" if trials > 1 else "")
 
 
-__all__ = ["label", "rem_label", "describe_cmp"]
+def placement_note(rec: dict) -> str:
+    """Where the ranks ran, in words, and — for virtual EP — what it shows and what it cannot (every report says it)."""
+    where = (f"{rec['world']} rank(s), {rec.get('placement') or rec.get('device')}, backend {rec.get('backend')}"
+             + (f", on {rec['gpu']}" if rec.get("gpu") else ""))
+    if (rec.get("ranks_per_gpu") or 1) > 1:
+        return (f"{where}. Virtual EP: the ranks run the real layer with the GPU's own kernels (cuBLAS split-K, "
+                "atomics in the combine), so what those kernels do to the bits is measured; the collectives go through "
+                "gloo, staged on the host, whose reductions run in one fixed order — NCCL's own ring/tree reduction "
+                "order, NVLink (NVLS) and links between nodes are NOT exercised. Hold a finding that depends on them "
+                "against one rank per GPU (notebooks on several GPUs).")
+    if rec.get("world") == 1:
+        return f"{where}. One rank: nothing to compare across ranks; reruns and truncation are measured."
+    return where + "."
+
+
+__all__ = ["label", "rem_label", "describe_cmp", "placement_note"]

@@ -24,9 +24,25 @@ def pair_table(records: list[dict], metric: str = "mismatch_frac") -> pd.DataFra
     return pd.DataFrame(rows).pivot(index="pair", columns="case", values=metric)
 
 
+def not_applicable(records: list[dict], ax=None, what: str = "cross-rank comparison"):
+    """An axis that says why there is nothing to draw (one rank: nothing to compare across ranks)."""
+    ax = ax or plt.subplots(figsize=(7, 1.6))[1]
+    reason = next((r["cross_rank"].get("reason") for r in records if not r["cross_rank"].get("applicable", True)),
+                  "nothing to compare")
+    ax.text(0.5, 0.5, f"{what}: not applicable — {reason}", ha="center", va="center", fontsize=10)
+    ax.set_axis_off()
+    return ax
+
+
+def _applicable(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("cross_rank", {}).get("applicable", True) and "skipped" not in r]
+
+
 def mismatch_by_pair(records: list[dict], ax=None):
     """Heatmap: fraction of bitwise-different output elements per rank pair (rank 0 vs r) and case."""
-    t = pair_table(records, "mismatch_frac")
+    if not _applicable(records):
+        return not_applicable(records, ax)
+    t = pair_table(_applicable(records), "mismatch_frac")
     ax = ax or plt.subplots(figsize=(1.6 * t.shape[1] + 2, 0.6 * t.shape[0] + 1.8))[1]
     sns.heatmap(t, annot=True, fmt=".2%", cmap="rocket_r", vmin=0, vmax=max(1e-9, float(t.values.max())),
                 cbar_kws={"label": "bitwise mismatch fraction"}, ax=ax)
@@ -38,6 +54,9 @@ def mismatch_by_pair(records: list[dict], ax=None):
 
 def ulp_histogram(records: list[dict], ax=None):
     """Distribution of ULP distances of differing elements, all pairs pooled, one line per case (log axes)."""
+    if not _applicable(records):
+        return not_applicable(records, ax, "ULP distances across ranks")
+    records = _applicable(records)
     rows = []
     for r in records:
         for hist in r["detail"]["ulp_hist"].values():
@@ -78,6 +97,9 @@ def mismatch_map(record: dict, pair: str | None = None, ax=None):
 
 def mismatch_maps(records: list[dict]):
     """One mismatch map per case, side by side."""
+    if not _applicable(records):
+        return not_applicable(records, None, "where ranks differ").figure
+    records = _applicable(records)
     n = len(records)
     cols = min(n, 3)
     fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(5 * cols, 3.6 * math.ceil(n / cols)), squeeze=False)
@@ -109,6 +131,12 @@ def stage_heatmap(stage_rows: pd.DataFrame, ax=None, title: str = "", vmax: floa
 
 def stage_heatmaps(stage_rows: pd.DataFrame, by=("dispatcher", "variant")):
     """One stage heatmap per case (dispatcher x variant), in a grid."""
+    if "mismatch_frac" not in stage_rows or stage_rows["mismatch_frac"].dropna().empty:
+        ax = plt.subplots(figsize=(7, 1.6))[1]
+        ax.text(0.5, 0.5, "no stage could be compared (one rank: no other rank and no copies)", ha="center",
+                va="center")
+        ax.set_axis_off()
+        return ax.figure
     groups = list(stage_rows.groupby(list(by), sort=False))
     cols = 3 if len(groups) > 2 else len(groups)
     rows = math.ceil(len(groups) / cols)
@@ -125,6 +153,11 @@ def stage_heatmaps(stage_rows: pd.DataFrame, by=("dispatcher", "variant")):
 
 def divergence_growth(stage_rows: pd.DataFrame, ax=None):
     """Worst mismatch fraction per stage, in execution order, one line per case: how divergence grows."""
+    if "mismatch_frac" not in stage_rows or stage_rows["mismatch_frac"].dropna().empty:
+        ax = ax or plt.subplots(figsize=(7, 1.6))[1]
+        ax.text(0.5, 0.5, "no stage could be compared", ha="center", va="center")
+        ax.set_axis_off()
+        return ax
     df = stage_rows.dropna(subset=["mismatch_frac"]).copy()
     df["case"] = df["dispatcher"] + " / " + df["variant"]
     g = df.groupby(["case", "order", "stage"], as_index=False)["mismatch_frac"].max().sort_values("order")
@@ -146,9 +179,10 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
         row = {"release / dispatcher": f"{r['megatron_core']} / {r['dispatcher']}",
                "setting": ("router " + r["router_dtype"] + (" +pf32" if r["probs_fp32_gather"] else "")
                            + (" +det" if r["deterministic"] else ""))}
-        row["value"] = float("nan") if "skipped" in r else r[metric]["mismatch_frac"]
-        row["label"] = "n/a" if "skipped" in r else ("✓" if r[metric]["bitwise_equal"] and r["rerun"]["bitwise_equal"]
-                                                      else f"{r[metric]['mismatch_frac']:.1%}")
+        na = "skipped" in r or not r[metric].get("applicable", True)
+        row["value"] = float("nan") if na else r[metric]["mismatch_frac"]
+        row["label"] = "n/a" if na else ("✓" if r[metric]["bitwise_equal"] and r["rerun"]["bitwise_equal"]
+                                         else f"{r[metric]['mismatch_frac']:.1%}")
         rows.append(row)
     df = pd.DataFrame(rows)
     t = df.pivot(index="release / dispatcher", columns="setting", values="value")

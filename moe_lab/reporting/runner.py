@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .. import profiles
+from . import results
 
 logger = logging.getLogger(__name__)
 
@@ -206,11 +207,14 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     # Also before any kernel or engine: GPU count vs engines, timeouts, the megatron release, experts vs EP.
     ccfg = profiles.cluster_config(params)
     profiles.base_moe(params).resolved_ep(ccfg.engines)
+    from ..controller import placement
+
+    placement.check_memory([profiles.base_moe(params)], ccfg, cut=params.get("cut", 90))  # ranks that do not fit
     chosen = select(only, nb_dir)
-    name = Path(profile).stem if profile not in profiles.PROFILES else profile
     # absolute: the kernels run with cwd=notebooks/, so a relative --out would put results.json elsewhere
-    out_dir = Path(out).resolve() if out else REPORTS / f"{name}-{datetime.date.today().isoformat()}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out).resolve() if out else REPORTS / default_name(profile, ccfg)
+    _writable(out_dir)
+    results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured (#16)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
     rows = []
@@ -222,7 +226,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
     current, t0 = None, time.perf_counter()
     before = _children()
-    with _signals_as_interrupt():
+    with _signals_as_interrupt(), _run_lock(out_dir):
         try:
             for num, src in it:
                 if tqdm:
@@ -248,6 +252,52 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     failed = [r["file"] for r in rows if r["status"] != "ok"]
     logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
     return 1 if failed else 0
+
+
+def default_name(profile: str, ccfg) -> str:
+    """reports/<profile>-<date> on CPU, reports/<profile>-<gpu>x<count>-<date> on GPUs (e.g. gpu-h200x1-2026-12-01)."""
+    name = Path(profile).stem if profile not in profiles.PROFILES else profile
+    date = datetime.date.today().isoformat()
+    if ccfg.device != "cuda":
+        return f"{name}-{date}"
+    from ..controller.placement import gpu_name
+
+    gpu = re.sub(r"[^a-z0-9]+", "", (gpu_name() or "gpu").lower().replace("nvidia", "")) or "gpu"
+    return f"{name}-{gpu}x{ccfg.engines // ccfg.ranks_per_gpu}-{date}"
+
+
+def _writable(out_dir: Path) -> None:
+    """Create the report directory or say, in one line, why it cannot be (before anything starts)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".moe_lab-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out ({out_dir}) is not a writable directory: {e.strerror or e}; choose another --out") \
+            from None
+
+
+@contextlib.contextmanager
+def _run_lock(out_dir: Path):
+    """One run at a time per report directory (#16): a second `moe-lab run` into it refuses in one line instead of
+    silently replacing the first run's HTML."""
+    import fcntl
+
+    path = out_dir / ".moe_lab-run.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            raise ValueError(f"another moe-lab run (pid {other}) is writing into {out_dir}: wait for it to finish, "
+                             "or give this run another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 @contextlib.contextmanager

@@ -1,0 +1,67 @@
+"""Where ranks go (#13), without GPUs: one rank per GPU over NCCL, k ranks sharing a GPU over gloo (virtual EP), world 1,
+the per-GPU memory check, and the refusals — each one line naming the value and the rule."""
+
+import pytest
+
+from moe_lab.config import ClusterConfig, MoEConfig
+from moe_lab.controller.placement import check_memory, default_config
+from moe_lab.engine.dist import gpu_index
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("engines, gpus, n_gpu, rpg, backend, placement", [
+    (4, None, 1, 4, "gloo", "4 ranks share each GPU (virtual EP)"),  # the seed report's EP=4 on one GPU
+    (None, None, 1, 1, "nccl", "one rank per GPU"),  # world 1
+    (2, None, 2, 1, "nccl", "one rank per GPU"),
+    (1, None, 2, 1, "nccl", "one rank per GPU"),  # fewer engines than GPUs: that many GPUs
+    (8, None, 4, 2, "gloo", "2 ranks share each GPU (virtual EP)"),
+    (4, 1, 8, 4, "gloo", "4 ranks share each GPU (virtual EP)"),  # virtual EP on request, on one GPU of eight
+])
+def test_placement(engines, gpus, n_gpu, rpg, backend, placement):
+    c = default_config(device="cuda", engines=engines, gpus=gpus, n_gpu=n_gpu)
+    assert (c.ranks_per_gpu, c.backend, c.placement) == (rpg, backend, placement)
+    assert c.engines == (engines or n_gpu)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(device="cuda", engines=6, n_gpu=4), r"engines \(6\) must be a multiple of the GPUs used \(4\)"),
+    (dict(device="cuda", engines=0, n_gpu=1), r"engines \(0\) must be a positive integer"),
+    (dict(device="cpu", engines=0), r"engines \(0\) must be a positive integer"),
+    (dict(device="cuda", engines=4, n_gpu=0), r"device \('cuda'\) needs a GPU"),
+    (dict(device="cuda", gpus=3, n_gpu=2), r"gpus \(3\) must be <= the visible GPUs \(2\)"),
+    (dict(device="cpu", gpus=1), r"gpus \(1\) applies to device 'cuda' only"),
+])
+def test_bad_placements_are_refused_with_the_rule(kw, message):
+    with pytest.raises(ValueError, match=message):
+        default_config(**kw)
+
+
+def test_config_rules():
+    assert ClusterConfig(device="cpu", engines=1).placement == "1 CPU engines"
+    with pytest.raises(ValueError, match=r"ranks_per_gpu \(2\) must be 1 on device 'cpu'"):
+        ClusterConfig(device="cpu", engines=2, ranks_per_gpu=2)
+    with pytest.raises(ValueError, match=r"engines \(6\) must be a multiple of ranks_per_gpu \(4\)"):
+        ClusterConfig(device="cuda", engines=6, ranks_per_gpu=4)
+
+
+def test_gpu_of_each_rank():
+    assert [gpu_index(rank=r, local_rank=r, local_world=4, n_gpu=1, ranks_per_gpu=4) for r in range(4)] == [0] * 4
+    assert [gpu_index(rank=r, local_rank=r, local_world=8, n_gpu=4, ranks_per_gpu=2) for r in range(8)] == \
+        [0, 0, 1, 1, 2, 2, 3, 3]
+    assert gpu_index(rank=1, local_rank=1, local_world=2, n_gpu=2) == 1
+    with pytest.raises(RuntimeError, match="start at most 4 engines on each node"):
+        gpu_index(rank=5, local_rank=5, local_world=8, n_gpu=2, ranks_per_gpu=2)
+
+
+def test_memory_check_refuses_what_does_not_fit_before_anything_starts():
+    seed = MoEConfig.seed_report()
+    four = ClusterConfig(device="cuda", engines=4, ranks_per_gpu=4)
+    ok = check_memory([seed], four, free=[130 * GIB])
+    assert ok["ranks_per_gpu"] == 4 and 4 * GIB < ok["per_rank_bytes"] < 8 * GIB  # 16 experts of 256 MiB + activations
+    assert ok["need_bytes"] == 4 * ok["per_rank_bytes"]
+    with pytest.raises(ValueError) as e:
+        check_memory([seed], four, free=[10 * GIB])
+    msg = str(e.value)
+    assert "4 rank(s) per GPU need" in msg and "only 10.0 GiB is free" in msg and "use fewer ranks per GPU" in msg
+    assert check_memory([seed], ClusterConfig(device="cpu", engines=4)) is None  # CPU: nothing to check
