@@ -1,32 +1,46 @@
 #!/usr/bin/env bash
-# How the committed GPU reports were made: run on an air-gapped GPU node from the repo root, with wheels in .whl/
-# (`moe-lab wheelhouse -o .whl --python 3.12`) and the node's own CUDA torch. Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
-# STEPS: comma list of probe,probe-det,report:NN[+NN...],pytest,bench (default: probe,probe-det,report:01,pytest).
-# Other megatron-core releases for notebook 03 come from .whl/releases (wheels or sdists; see `moe-lab versions`).
+# How the GPU reports and logs are made: run on an air-gapped GPU node from the repo root, with wheels in .whl/
+# (`moe-lab wheelhouse -o .whl --python 3.12`, minus what the node has) and the node's own CUDA torch.
+# Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
+# STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, report:NN[+NN...], bench, capture
+#        (default: pytest,probe). Other megatron-core releases for notebook 03 come from .whl/releases.
 set -uo pipefail
-OUT=${1:?output dir}; STEPS=${2:-probe,probe-det,report:01,pytest}
+OUT=${1:?output dir}; STEPS=${2:-pytest,probe}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH JUPYTER_PATH=/tmp/site/share/jupyter
 fi
-export MOE_LAB_CACHE=${MOE_LAB_CACHE:-/tmp/moe_lab_cache}
+export MOE_LAB_CACHE=${MOE_LAB_CACHE:-/tmp/moe_lab_cache} MOE_LAB_RELEASES=$PWD/.whl/releases
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi -L | tee "$OUT/env.txt"
-python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'megatron-core', m.__version__)" 2>&1 | grep -v Warn | tee -a "$OUT/env.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.txt"
+python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), 'megatron-core', m.__version__)" 2>&1 | grep -v Warn | tee -a "$OUT/env.txt"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
+quiet() { grep -v "warnings.warn(\|Warning: \|UserWarning\|DeprecationWarning"; }
+has pytest && { python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s --timeout=900 2>&1 | quiet \
+  | tee "$OUT/pytest_gpu.log" | tail -25; }
+has pytest-multi && { python3 -m pytest -m multigpu tests/gpu -q -p no:cacheprovider -s 2>&1 | quiet \
+  | tee "$OUT/pytest_multigpu.log" | tail -15; }
 SEED="--seed-report --dispatcher allgather,alltoall --router-dtype none,fp32,fp64 --json --timeout 600"
-has probe && { time python3 -m moe_lab.cli probe --device cuda $SEED > "$OUT/probe.jsonl" 2> "$OUT/probe.log"; tail -3 "$OUT/probe.log"; }
-has probe-det && { time python3 -m moe_lab.cli probe --device cuda $SEED --deterministic > "$OUT/probe_det.jsonl" 2>> "$OUT/probe.log"; tail -3 "$OUT/probe.log"; }
+if has probe; then
+  start=$EPOCHREALTIME
+  python3 -m moe_lab.cli probe --device cuda ${PROBE_ARGS:---engines 4} $SEED > "$OUT/probe.jsonl" 2> "$OUT/probe.log"
+  rc=$?
+  awk "BEGIN {printf \"probe rc=$rc wall %.1f s (cluster start included)\n\", $EPOCHREALTIME - $start}" | tee -a "$OUT/probe.log"
+  tail -3 "$OUT/probe.log"
+fi
 for step in ${STEPS//,/ }; do
   if [[ $step == report:* ]]; then
     only=${step#report:}; only=${only//+/,}
-    time python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$OUT/report" -p wheels="$PWD/.whl/releases" 2>&1 \
-      | grep -v "Warning\|warn" | tail -5
+    start=$(date +%s)
+    python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$OUT/report" -p wheels="$PWD/.whl/releases" \
+      ${REPORT_ARGS:-} 2>&1 | quiet | tail -8
+    echo "report $only: $(( $(date +%s) - start )) s"
   fi
 done
-has bench && python3 -m moe_lab.bench --device cuda --seed-report --repeats "${BENCH_REPEATS:-3}" \
-  --json "$OUT/bench_gpu.json" 2>&1 | grep -v "warnings.warn(\|Warning: " | tee "$OUT/bench_gpu.txt" | tail -30
-has pytest && python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s 2>&1 | grep -v "warnings.warn(\|Warning: " \
-  | tee "$OUT/pytest_gpu.log" | tail -15
+has bench && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 4 --repeats "${BENCH_REPEATS:-1}" \
+  --json "$OUT/bench_gpu.json" 2>&1 | quiet | tee "$OUT/bench_gpu.txt" | tail -30
+has capture && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 4 --capture-only "${CAPTURE_ROUNDS:-40}" \
+  --json "$OUT/capture_gpu.json" 2>&1 | quiet | tee "$OUT/capture_gpu.txt" | tail -8
 exit 0

@@ -41,7 +41,13 @@ def normalize_version(v: str) -> str:
 
 
 def installed_version() -> str:
-    """The megatron-core release that `import megatron.core` loads here (sys.path order respected)."""
+    """The megatron-core release that `import megatron.core` loads here (sys.path order respected). Read from the
+    package metadata beside the package when it is not imported yet (the import takes seconds: the controller only
+    needs the number)."""
+    if "megatron.core" not in sys.modules:
+        v = _metadata_version()
+        if v:
+            return v
     try:
         with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed": known, and said in the README
             warnings.filterwarnings("ignore", message=".*Transformer Engine.*", category=UserWarning)
@@ -54,6 +60,24 @@ def installed_version() -> str:
 
         v = package_info.__version__
     return str(v)
+
+
+def _metadata_version() -> str | None:
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("megatron.core")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    root = Path(spec.origin).resolve().parents[2]  # <site>/megatron/core/__init__.py → <site>
+    for d in importlib.metadata.distributions(path=[str(root)]):
+        if (d.metadata["Name"] or "").lower().replace("_", "-") == "megatron-core":
+            return str(d.version)
+    return None
 
 
 def check_supported(version: str, python: tuple[int, int] | None = None) -> None:

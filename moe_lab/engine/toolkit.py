@@ -115,13 +115,20 @@ def compare_across_ranks(tensors: dict[str, torch.Tensor], *, detail: tuple[str,
         else:
             g = gather(t)
             out["bytes_compared"] += g.numel() * g.element_size()
-            if rank == 0:
-                g = g.cpu()
+            if rank == 0:  # compared where the tensors are (on the GPU: milliseconds, not seconds)
                 res["pairs"] = {f"0-{r}": compare_any(g[0], g[r]) for r in range(1, n)}
                 if name in detail:
                     res.update(_detail(g))
         out[name] = res
     return out if rank == 0 else None
+
+
+def broadcast_from_rank0(value):
+    """Rank 0's `value` on every rank (a small Python object)."""
+    box = [value]
+    if tdist.get_world_size() > 1:
+        tdist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def gather(t: torch.Tensor) -> torch.Tensor:
@@ -164,7 +171,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _detail_equal(t: torch.Tensor, n: int) -> dict:
-    empty = binned_map(torch.zeros(t.shape[0], t[0].numel(), dtype=torch.bool))
+    empty = binned_map(torch.zeros(t.shape[0], t[0].numel() if t.shape[0] else 0, dtype=torch.bool))
     return {"ulp_hist": {f"0-{r}": {0: t.numel()} for r in range(1, n)},
             "token_mismatch": {f"0-{r}": [0] * t.shape[0] for r in range(1, n)},
             "mismatch_map": {f"0-{r}": empty for r in range(1, n)}}
@@ -185,7 +192,7 @@ def binned_map(mask: torch.Tensor, bins: int = 64) -> dict:
     """Fraction of mismatching elements in a [tokens x hidden] grid of at most bins x bins cells (for heatmaps)."""
     t, h = mask.shape
     bt, bh = min(bins, t), min(bins, h)
-    m = mask.to(torch.float32)
+    m = mask.to(torch.float32).cpu()
     ti = (torch.arange(t) * bt) // t  # index → bin by integer division, then average each bin
     hi = (torch.arange(h) * bh) // h
     rows = torch.zeros(bt, h).index_add_(0, ti, m) / torch.bincount(ti, minlength=bt).clamp_min(1).unsqueeze(1)

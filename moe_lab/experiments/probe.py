@@ -82,10 +82,17 @@ def on_engine(payload: dict) -> dict:
         repeats = kn.get("repeats", 3)
         t_fwd = toolkit.time_forward(s.layer, s.tokens, repeats) if repeats else None
     res = {"rank": toolkit.tdist.get_rank(), "trials": trials, "t_forward_s": t_fwd, "out_shape": list(outs[0].shape)}
-    cross = [toolkit.compare_across_ranks({"out": o}, detail=("out",) if detail else ()) for o in outs]
+    cross = [toolkit.compare_across_ranks({"out": o}) for o in outs]
+    worst_t = 0
     if cross[0] is not None:  # rank 0
         res["cross_rank"] = [_pairs_worst(c["out"]) for c in cross]
         worst_t = max(range(len(cross)), key=lambda i: res["cross_rank"][i].get("n_mismatch", 0))
+    if detail:  # the figures' detail (ULP histogram, where in the output) of the worst trial only: one more compare
+        worst_t = toolkit.broadcast_from_rank0(worst_t)
+        d = toolkit.compare_across_ranks({"out": outs[worst_t]}, detail=("out",))
+        if d is not None:
+            cross[worst_t] = d
+    if cross[0] is not None:
         res["cross_rank_detail"] = {**cross[worst_t]["out"], "trial": worst_t,
                                     "bytes_compared": sum(c["bytes_compared"] for c in cross)}
     return res
