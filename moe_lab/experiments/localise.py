@@ -67,13 +67,34 @@ def copy_parts(t: torch.Tensor, kind: str, world: int, tpe: list[int] | None) ->
 
 
 def on_engine(payload: dict) -> dict:
-    """Engine side: capture one forward, compare every stage as it must agree; rank 0 also gets the cross-rank
-    comparison of the replicated stages."""
+    """Engine side: `trials` captured forwards, every stage compared as it must agree in each; per stage the worst over
+    trials with the trials in which it differed. Rank 0 also gets the cross-rank comparison of the replicated stages."""
+    from .. import metrics
+    from ..engine import toolkit
+
+    s = toolkit.setup(payload["moe"])
+    trials = [_capture_and_compare(s) for _ in range(payload.get("knobs", {}).get("trials", 1))]
+    first = trials[0]
+    stages = first["stages"]
+    same = all([x["stage"] for x in t["stages"]] == [x["stage"] for x in stages] for t in trials)
+    use = trials if same else [first]  # a forward that captured other stages: trial 1 alone
+    for i, row in enumerate(stages):
+        if "copies" in row and "skipped" not in row["copies"]:
+            row["copies"] = metrics.over_trials([t["stages"][i]["copies"] for t in use])
+    res = {"rank": first["rank"], "stages": stages, "ledger": first["ledger"], "trials": len(use)}
+    if first["cross"] is not None:
+        res["bytes_compared"] = sum(t["bytes_compared"] for t in use)
+        res["cross"] = {n: ({p: metrics.over_trials([t["cross"][n][p] for t in use]) for p in pairs}
+                            if pairs is not None else None) for n, pairs in first["cross"].items()}
+    return res
+
+
+def _capture_and_compare(s) -> dict:
+    """One captured forward on this rank, its stages compared as copies (rank-local) and across ranks (replicated)."""
     from .. import metrics
     from ..engine import capture, toolkit
     from .remedies import probs_fp32_before_gather
 
-    s = toolkit.setup(payload["moe"])
     cfg = s.cfg
     with toolkit.deterministic(cfg.deterministic), probs_fp32_before_gather(s.layer, cfg.probs_fp32_gather):
         out, cache = capture.run_with_capture(s.layer, s.tokens, hidden=cfg.hidden, num_experts=cfg.num_experts)
@@ -91,7 +112,7 @@ def on_engine(payload: dict) -> dict:
         stages.append(row)
     replicated = {n: cache.tensors[n] for n in (s_["stage"] for s_ in stages if s_["kind"] == REPLICATED)}
     cross = toolkit.compare_across_ranks(replicated)
-    res = {"rank": rank, "stages": stages, "ledger": cache.ledger}
+    res = {"rank": rank, "stages": stages, "ledger": cache.ledger, "cross": None, "bytes_compared": 0}
     if cross is not None:
         res["bytes_compared"] = cross.pop("bytes_compared")
         res["cross"] = {n: (c["pairs"] if c.get("applicable", True) else None) for n, c in cross.items()}
@@ -130,7 +151,8 @@ def stage_rows(per_rank: list[dict]) -> list[dict]:
 
 
 def _metrics(c: dict) -> dict:
-    return {k: c.get(k) for k in ("numel", "n_mismatch", "mismatch_frac", "bitwise_equal", "max_ulp", "max_abs")}
+    return {k: c.get(k) for k in ("numel", "n_mismatch", "mismatch_frac", "bitwise_equal", "max_ulp", "max_abs",
+                                  "trials", "n_differ", "per_trial")}
 
 
 def first_divergent(rows: list[dict], unit: str | None = None) -> str | None:
@@ -157,7 +179,7 @@ def cases(params: dict) -> list[Case]:
     for d in params["dispatchers"]:
         for v, (router_dtype, fp32_gather) in VARIANTS.items():
             cfg = base.replace(dispatcher=d, router_dtype=router_dtype, probs_fp32_gather=fp32_gather)
-            out.append(Case(experiment=NAME, moe=cfg, cut=params["cut"], knobs={"variant": v},
+            out.append(Case(experiment=NAME, moe=cfg, cut=params["cut"], knobs={"variant": v, "trials": profiles.trials(params)},
                             release=profiles.release(params), label=f"{d}/{v}"))
     return out
 
@@ -176,7 +198,11 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
     first = first_divergent(rows)
     probs = _first(ledger, lambda c: c["role"] == "probs" and c["stage"].startswith("dispatch"))
     combine = _first(ledger, lambda c: c["stage"].startswith("combine"))
-    summary = dict(record="case", first_divergent_stage=first,
+    n = per_rank[0].get("trials", 1)
+    per_trial = [min((r["order"] for r in rows if (r.get("per_trial") or [0] * n)[t]), default=None) for t in range(n)]
+    by_order = {r["order"]: r["stage"] for r in rows}
+    summary = dict(record="case", first_divergent_stage=first, trials=n,
+                   first_divergent_per_trial=[by_order.get(o) for o in per_trial],
                    first_divergent_kind=next((r["kind"] for r in rows if r["stage"] == first), None),
                    first_divergent_by_pair=first_divergent_by_pair(rows, world),
                    out_mismatch_frac=max((r["mismatch_frac"] for r in final), default=None),
@@ -190,34 +216,47 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
             + [dict(record="collective", **c) for c in ledger])
 
 
+def _first_row(records: list[dict], case: dict) -> dict | None:
+    """The stage rows of `case` at its first divergent stage, the one that differed in most trials."""
+    rows = [r for r in records if r.get("record") == "stage" and r["case_key"] == case["case_key"]
+            and r["stage"] == case["first_divergent_stage"] and r.get("bitwise_equal") is False]
+    return max(rows, key=lambda r: (r.get("n_differ") or 0, r.get("mismatch_frac") or 0), default=None)
+
+
 def verdict(records: list[dict]) -> str:
-    """Which stage first diverges per dispatcher and variant, and what the probs all-gather contributes — every
-    clause follows the records (a variant that changes nothing is not called a fix)."""
+    """Which stage first diverges per dispatcher and variant (in how many trials), what travels in which dtype, and
+    what the probs all-gather contributes — every clause follows the records (a variant that changes nothing is
+    not called a fix; a claim about copies within a rank is made only where copies differ)."""
     cases_ = [r for r in records if r.get("record") == "case"]
     if not cases_:
         return "No case ran."
     c0 = cases_[0]
     lines = [f"megatron-core {c0['megatron_core']}, {c0['world']} EP rank(s) on {c0.get('gpu') or c0['device']} "
-             f"({c0.get('placement', '')}):"]
+             f"({c0.get('placement', '')}), {c0.get('trials', 1)} trial(s) per case:"]
     for c in cases_:
         where = c["first_divergent_stage"]
-        what = ("every stage agrees across ranks (and across copies within a rank)" if where is None else
-                f"first divergent stage: {where}; output {c['out_mismatch_frac']:.3g} of elements differ, "
-                f"max {c['out_max_ulp']:.0f} ULP")
         if not c.get("cross_rank_applicable", True):
             what = "one rank: no stage can be compared across ranks or copies"
+        elif where is None:
+            what = f"every stage agrees across ranks and across copies within a rank, in all {c.get('trials', 1)} trial(s)"
+        else:
+            row = _first_row(records, c)
+            k = f" in {row['n_differ']} of {row['trials']} trials" if row and row.get("trials") else ""
+            what = (f"first divergent stage: {where} ({row['unit'] if row else '?'}{k}); output "
+                    f"{c['out_mismatch_frac']:.3g} of elements differ, max {c['out_max_ulp']:.0f} ULP")
         lines.append(f"- {c['dispatcher']}, {c['variant']}: probs travel in {c['probs_gather_dtype'] or 'no collective'}"
                      f", the combine ({c['combine_op']}) runs in {c['combine_dtype']}; {what}")
     firsts = {c["first_divergent_stage"] for c in cases_} - {None}
     gather_first = sorted(s for s in firsts if s.startswith("dispatch.comm"))
-    within = sorted({c["first_divergent_stage"] for c in cases_
-                     if c.get("first_divergent_kind") in (COPIES, COPIES_PER_EXPERT)})
-    if within:
-        lines.append(f"Note: at {', '.join(within)} identical copies of the same token already differ *within one "
-                     "rank*: that accumulation is nondeterministic (atomic scatter_add_ in unpermute), which no dtype "
-                     "promotion fixes — deterministic mode does (notebook 03).")
     for d in dict.fromkeys(c["dispatcher"] for c in cases_):
         sub = {c["variant"]: c for c in cases_ if c["dispatcher"] == d}
+        within = [v for v, c in sub.items() if c.get("first_divergent_kind") in (COPIES, COPIES_PER_EXPERT)]
+        if within:
+            lines.append(f"- {d}: identical copies of the same token already differ *within one rank* at "
+                         f"{', '.join(sorted({sub[v]['first_divergent_stage'] for v in within}))} "
+                         f"({', '.join(within)}): that accumulation is run-to-run nondeterministic on this device"
+                         + (" and none of the probs-path variants removes it" if len(within) == len(sub) else "")
+                         + "; notebook 03 measures deterministic mode against it.")
         plain = sub.get("bf16 (nothing)")
         if plain is None or plain["first_divergent_stage"] is None:
             continue
@@ -226,13 +265,17 @@ def verdict(records: list[dict]) -> str:
         lines.append(f"- {d}: plain bf16 diverges from {plain['first_divergent_stage']}; "
                      + (f"{' and '.join(fixed)} make(s) every stage agree" if fixed else "no variant removes it")
                      + (f"; {' and '.join(kept)} do(es) not" if kept and fixed else "") + ".")
+    gathered = [r for r in records if r.get("record") == "stage" and r["stage"] == "dispatch.comm.probs"
+                and r.get("kind") == REPLICATED]
     if gather_first:
         lines.append(f"Verdict: divergence already appears at {', '.join(gather_first)} (the dispatch "
                      "communication itself).")
     elif firsts:
-        lines.append("Verdict: the probs all-gather copies bits (gathered probs are bitwise equal on every rank); "
-                     f"divergence first appears at {', '.join(sorted(firsts))}, in the accumulation after it.")
-    else:
+        lines.append(("Verdict: the probs all-gather copies bits (gathered probs bitwise equal on every rank in every "
+                      "trial); " if gathered and all(r.get("bitwise_equal") for r in gathered) else "Verdict: ")
+                     + f"divergence first appears at {', '.join(sorted(firsts))}, in the accumulation after the "
+                     "dispatch.")
+    elif all(c.get("cross_rank_applicable", True) for c in cases_):
         lines.append("Verdict: no stage diverges across ranks on this setup.")
     return "\n".join(lines)
 
