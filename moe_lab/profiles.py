@@ -146,6 +146,22 @@ def truncation_engines(params: dict) -> list[int | None]:
     return [None]
 
 
+def public(params: dict) -> dict:
+    """The parameters as a report shows them: absolute paths (wheels, profile files) reduced to their last part."""
+    import os
+
+    def clean(v):
+        if isinstance(v, str) and os.path.isabs(v):
+            return os.path.basename(v.rstrip("/")) or v
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return v
+
+    return {k: clean(v) for k, v in params.items()}
+
+
 def release(params: dict) -> str:
     """The megatron-core release of notebooks 01, 02, 04 and 05: `megatron` (installed side by side) or the installed one."""
     return params.get("megatron") or "installed"

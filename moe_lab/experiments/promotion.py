@@ -80,6 +80,9 @@ def on_engine(payload: dict) -> dict:
 
         res["times"] = toolkit.paired_rounds({"cell": cell, "plain": lambda: toolkit.forward(plain.layer,
                                                                                            plain.tokens)}, rounds)
+        from .. import provenance
+
+        res["env"] = provenance.numerics_env()
     res["rank"] = toolkit.tdist.get_rank()
     return res
 
@@ -98,6 +101,7 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
         cell = stats.slowest([r["times"]["cell"] for r in per_rank])
         plain = stats.slowest([r["times"]["plain"] for r in per_rank])
         rec["cost"] = stats.paired(cell, plain)
+        rec["cost"]["environment"] = {**per_rank[0].get("env", {}), "deterministic_algorithms": case.moe.deterministic}
         rec["t_forward_s"] = rec["cost"]["t_with_s"]
     return [rec]
 
@@ -168,7 +172,7 @@ def verdict(records: list[dict]) -> str:
         good = [r for r in cells if agrees(r) and not is_plain(r)]
         if good and plain is not None and not agrees(plain):
             floor = plain.get("cost")
-            free = [r for r in good if stats.measurable(r.get("cost"), floor) is False]
+            free = sorted((r for r in good if stats.measurable(r.get("cost"), floor) is False), key=_simplicity)
             costed = sorted((r for r in good if r not in free), key=lambda r: (r.get("cost") or {}).get("ratio") or 9e9)
             head += f"; {len(good)} of {len(cells) - 1} settings give bitwise-equal ranks and reruns in every trial"
             if free:
@@ -182,6 +186,28 @@ def verdict(records: list[dict]) -> str:
     for v, why in skipped[:3]:
         lines.append(f"- megatron-core {v}: some cells are not applicable ({why})")
     return "\n".join(lines)
+
+
+def _simplicity(r: dict) -> tuple:
+    """Fewer changes first: no deterministic mode, no lab cast, then the narrower router dtype."""
+    return (r["deterministic"], r["probs_fp32_gather"], {"none": 0, "fp32": 1, "fp64": 2}[r["router_dtype"]])
+
+
+def best_setting(cells: list[dict]) -> tuple[dict, dict] | None:
+    """Of one release x dispatcher's cells, the setting to recommend and the noise floor it is judged against: among
+    the settings that agree in every trial, those with no measurable cost by simplicity, else the lowest ratio.
+    None if the plain forward already agrees or nothing does."""
+    plain = next((r for r in cells if is_plain(r)), None)
+    if plain is None or agrees(plain):
+        return None
+    good = [r for r in cells if agrees(r) and not is_plain(r)]
+    if not good:
+        return None
+    floor = plain.get("cost")
+    free = [r for r in good if stats.measurable(r.get("cost"), floor) is False]
+    best = (min(free, key=_simplicity) if free else
+            min(good, key=lambda r: ((r.get("cost") or {}).get("ratio") or 9e9, _simplicity(r))))
+    return best, floor
 
 
 def recommendations(records: list[dict]) -> list[str]:
@@ -202,10 +228,32 @@ def recommendations(records: list[dict]) -> list[str]:
                        + (" — the plain forward is itself run-to-run nondeterministic; see notebook 04's remedies."
                           if nondet else "."))
             continue
-        best = min(good, key=lambda r: ((r.get("cost") or {}).get("ratio") or 9e9, r["deterministic"]))
-        out.append(f"megatron-core {v}, {d}: {remedy_name(best)} "
-                   f"({stats.describe(best.get('cost'), plain.get('cost'))}).")
+        best, floor = best_setting(cells)
+        out.append(f"megatron-core {v}, {d}: {remedy_name(best)} ({stats.describe(best.get('cost'), floor)}).")
     return out
+
+
+def dtype_story(records: list[dict]) -> str:
+    """Per release and dispatcher, from the ledger and the comparisons: the dtype the probs travel in, the combine's
+    and the output's dtype, and whether the ranks agreed — for plain bf16, the reporter's cast and router fp32."""
+    ran = [r for r in records if "skipped" not in r and not r["deterministic"]]
+    lines = []
+    for v, d in sorted({(r["megatron_core"], r["dispatcher"]) for r in ran}, key=lambda x: (_vt(x[0]), x[1])):
+        parts = []
+        for name, router, pf32 in (("plain bf16", "none", False), ("probs fp32 gather", "none", True),
+                                   ("router fp32", "fp32", False)):
+            r = next((x for x in ran if (x["megatron_core"], x["dispatcher"], x["router_dtype"],
+                                         x["probs_fp32_gather"]) == (v, d, router, pf32)), None)
+            if r is None:
+                parts.append(f"{name}: n/a in this release")
+                continue
+            c = r["cross_rank"]
+            agree = ("one rank" if not c.get("applicable", True) else "ranks agree" if c["bitwise_equal"]
+                     else f"ranks differ (up to {c['mismatch_frac']:.3g}, max {c['max_ulp']:.0f} ULP)")
+            parts.append(f"{name}: probs {r['probs_dtype']}, combine {r['combine_op']} in {r['combine_dtype']}, "
+                         f"output {r['out_dtype']} → {agree}")
+        lines.append(f"- megatron-core {v}, {d}: " + "; ".join(parts))
+    return "\n".join(lines) or "No cell ran."
 
 
 def _vt(v: str):
@@ -217,4 +265,5 @@ def _vt(v: str):
         return (0, 0, 0)
 
 
-__all__ = ["grid", "cases", "not_applicable", "on_engine", "records", "cost_table", "verdict", "recommendations", "remedy_name"]
+__all__ = ["grid", "cases", "not_applicable", "on_engine", "records", "cost_table", "verdict", "recommendations",
+           "remedy_name", "dtype_story"]

@@ -239,7 +239,42 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
         raise
     if own and cluster is not None:
         cluster.stop()
-    return [r for c in cases for r in by_case.get(id(c), [])]
+    out = [r for c in cases for r in by_case.get(id(c), [])]
+    if results is not None and notebook:
+        note_run(results, notebook, [r["case_key"] for r in out if r.get("case_key")])
+    return out
+
+
+RUN_ID = os.environ.get("MOE_LAB_RUN_ID") or f"{os.getpid()}"
+
+
+def note_run(results: str | os.PathLike, notebook: str, keys: list[str]) -> None:
+    """Which records a notebook's latest run shows (`cases-NN.json` beside results.json): the report's index reads
+    only those, never a stale record of an earlier run with other parameters or other code. Several runs of the
+    protocol inside one notebook run (one run id) add up."""
+    p = Path(results).with_name(f"cases-{notebook}.json")
+    try:
+        prev = json.loads(p.read_text()) if p.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        prev = {}
+    old = prev.get("keys", []) if prev.get("run_id") == RUN_ID else []
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": RUN_ID, "keys": old + [k for k in keys if k not in old]}))
+    os.replace(tmp, p)
+
+
+def latest(records: list[dict], out_dir: str | os.PathLike) -> list[dict]:
+    """The records each notebook's latest run showed (per `cases-NN.json`); a notebook without one keeps all."""
+    out = []
+    for nb in dict.fromkeys(r.get("notebook") for r in records):
+        p = Path(out_dir) / f"cases-{nb}.json"
+        mine = [r for r in records if r.get("notebook") == nb]
+        try:
+            keys = set(json.loads(p.read_text())["keys"]) if p.exists() else None
+        except (OSError, json.JSONDecodeError, KeyError):
+            keys = None
+        out += mine if keys is None else [r for r in mine if r.get("case_key") in keys]
+    return out
 
 
 def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str) -> list[dict]:
@@ -284,5 +319,5 @@ def load_records(path: str | os.PathLike, experiment: str | None = None) -> list
     return [r for r in results_file.load(Path(path)) if experiment is None or r.get("experiment") == experiment]
 
 
-__all__ = ["Case", "run", "measure", "check_case", "check_all", "case_key", "key_fields", "environment",
+__all__ = ["Case", "run", "measure", "latest", "note_run", "check_case", "check_all", "case_key", "key_fields", "environment",
            "release_path", "release_version", "progress_bar", "INSTALLED"]

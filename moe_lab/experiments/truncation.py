@@ -98,6 +98,10 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
         with toggles(layer, remedy="none", emulation=case["emulation"]):
             toolkit.forward(layer, tokens)
 
+    from .. import provenance
+
+    with toggles(layer, remedy=case["remedy"], emulation=case["emulation"], tile=tile):
+        switches = provenance.torch_switches()  # what the remedy's forwards run under (e.g. cuBLASLt preferred)
     out_t = with_remedy(trunc, masks[1])  # trial 1's truncated forward, and the warm-up of this toggle state
     outs: list = []
     times = toolkit.paired_rounds({"case": lambda: outs.append(with_remedy(tokens, masks[0])), "plain": plain},
@@ -115,7 +119,8 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
     a = out[:cut]
     return {**row, "truncation": [t[0] for t in per_trial], "rerun": [t[1] for t in per_trial],
             "token_mismatch": per_trial[worst_t][2], "hidden": a[0].numel(), "ts": times["case"],
-            "ts_plain": times["plain"], "one_ulp_fails_frac": one_ulp_fails_frac(a), "abs_quantiles": _quantiles(a)}
+            "ts_plain": times["plain"], "one_ulp_fails_frac": one_ulp_fails_frac(a), "abs_quantiles": _quantiles(a),
+            "switches": switches, "env": provenance.numerics_env()}
 
 
 def _quantiles(x: torch.Tensor) -> dict:
@@ -336,6 +341,8 @@ def _case_record(per_rank: list[dict]) -> dict:
     hidden = r0["hidden"]
     n = len(r0["truncation"])
     cost = stats.paired(stats.slowest([r["ts"] for r in per_rank]), stats.slowest([r["ts_plain"] for r in per_rank]))
+    cost["environment"] = {**r0["env"], **{k: r0["switches"].get(k) for k in ("deterministic_algorithms",
+                           "preferred_blas_library", "allow_bf16_reduced_precision_reduction_split_k")}}
     rec.update(truncation=metrics.over_trials([metrics.worst([r["truncation"][t] for r in per_rank]) for t in range(n)]),
                rerun=metrics.over_trials([metrics.worst([r["rerun"][t] for r in per_rank]) for t in range(n)]),
                token_mismatch_frac=[max(r["token_mismatch"][t] for r in per_rank) / hidden

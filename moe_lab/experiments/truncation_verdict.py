@@ -243,6 +243,22 @@ def _kernel_by_linear(records: list[dict], remedy: str) -> dict[str, list[dict]]
     return out
 
 
+def setting_note(records: list[dict]) -> str:
+    """What the cases ran on: the real layer, and — only where the records hold some — the EMULATED GPU mechanisms."""
+    cases = _cases(records)
+    emus = sorted({r["emulation"] for r in cases if r["emulated"]})
+    ws = sorted({_ws(r) for r in cases})
+    text = "Cases on the real layer" + (f", repeated with CUBLAS_WORKSPACE_CONFIG {' and '.join(ws)}" if len(ws) > 1
+                                        else "") + "."
+    if emus:
+        text += (f" Also under EMULATION ({', '.join(emus)}) of the GPU mechanisms, because this device's kernels are "
+                 "batch invariant: `splitk` = each expert GEMM splits its K reduction by a GPU-like heuristic on M "
+                 "(fp32 partials), `atomics` = the combine adds a token's expert outputs in a random order, rounding "
+                 "every add, unless deterministic mode is on (like `scatter_add_` on a GPU). Emulated rows say "
+                 "EMULATED everywhere; they are never GPU results.")
+    return text
+
+
 def cheapest(records: list[dict]) -> dict | None:
     """The hardest setting measured (the real layer on GPU, else the most emulation), at the largest world and the
     workspace that is unset: its cheapest remedy that holds in every trial, for the summary card."""
@@ -258,4 +274,4 @@ def cheapest(records: list[dict]) -> dict | None:
     return None if best is None else {**best, "setting": key, "free": bool(rk["free"])}
 
 
-__all__ = ["summary_table", "verdict", "ranking", "cheapest"]
+__all__ = ["summary_table", "verdict", "ranking", "cheapest", "setting_note"]

@@ -1,4 +1,7 @@
-"""DataFrame/records → seaborn figures. No numerics here: every number comes from moe_lab.metrics via records."""
+"""DataFrame/records → seaborn figures. No numerics here: every number comes from moe_lab.metrics via records.
+
+Conventions (#14): an exact zero (bitwise equal) has its own colour, never the low end of the scale; counts and
+fractions of differing elements are on log scales with labelled colour bars; a map with nothing to show says why."""
 
 from __future__ import annotations
 
@@ -9,6 +12,34 @@ import math
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+
+
+ZERO = "#cfe8d4"  # bitwise equal: its own colour, distinct from any non-zero count
+NA = "#e6e6e6"  # not applicable / not measured
+
+
+def zero_aware_heatmap(values: pd.DataFrame, ax, *, annot=None, label: str = "", cmap: str = "rocket_r", fmt: str = ""):
+    """Heatmap whose exact zeros get the ZERO colour and whose non-zero values sit on a log colour scale (labelled);
+    NaN cells are grey. `annot`: a DataFrame of cell texts (default: the values)."""
+    from matplotlib.colors import ListedColormap, LogNorm
+
+    v = values.astype(float)
+    nz = v[v > 0]
+    lo, hi = (float(nz.min().min()), float(nz.max().max())) if nz.notna().any().any() else (1e-9, 1.0)
+    if hi <= lo:
+        hi = lo * 10
+    ann = (annot if annot is not None else v.map(lambda x: "" if pd.isna(x) else f"{x:{fmt or '.3g'}}"))
+    ax.set_facecolor(NA)
+    if (v == 0).any().any():  # the zero layer first, its own colour
+        sns.heatmap((v == 0).astype(float), mask=~(v == 0), cmap=ListedColormap([ZERO]), cbar=False, ax=ax,
+                    annot=ann.where(v == 0, ""), fmt="", linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
+    if (v > 0).any().any():
+        sns.heatmap(v, mask=~(v > 0), cmap=cmap, norm=LogNorm(vmin=lo, vmax=hi), ax=ax, annot=ann.where(v > 0, ""),
+                    fmt="", linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7},
+                    cbar_kws={"label": f"{label} (log scale; green = exactly 0)"})
+    else:
+        sns.heatmap(v.where(v == 0), cmap=ListedColormap([ZERO]), cbar=False, ax=ax, linewidths=0.5, linecolor="white")
+    return ax
 
 
 def _case(r: dict) -> str:
@@ -39,14 +70,17 @@ def _applicable(records: list[dict]) -> list[dict]:
 
 
 def mismatch_by_pair(records: list[dict], ax=None):
-    """Heatmap: fraction of bitwise-different output elements per rank pair (rank 0 vs r) and case."""
+    """Heatmap: differing output elements per rank pair (rank 0 vs r) and case (worst trial); green = bitwise equal."""
     if not _applicable(records):
         return not_applicable(records, ax)
-    t = pair_table(_applicable(records), "mismatch_frac")
-    ax = ax or plt.subplots(figsize=(1.6 * t.shape[1] + 2, 0.6 * t.shape[0] + 1.8))[1]
-    sns.heatmap(t, annot=True, fmt=".2%", cmap="rocket_r", vmin=0, vmax=max(1e-9, float(t.values.max())),
-                cbar_kws={"label": "bitwise mismatch fraction"}, ax=ax)
-    ax.set_title("Cross-rank output mismatch (same tokens on every rank)")
+    recs = _applicable(records)
+    t = pair_table(recs, "n_mismatch")
+    frac = pair_table(recs, "mismatch_frac")
+    ann = pd.DataFrame([[("0" if a == 0 else f"{a:,.0f}\n{b:.2%}") if pd.notna(a) else "" for a, b in zip(rn, rf)]
+                        for rn, rf in zip(t.values, frac.values)], index=t.index, columns=t.columns)
+    ax = ax or plt.subplots(figsize=(1.7 * t.shape[1] + 2.5, 0.6 * t.shape[0] + 1.8))[1]
+    zero_aware_heatmap(t, ax, annot=ann, label="differing elements")
+    ax.set_title("Cross-rank output mismatch (same tokens on every rank; worst trial)")
     ax.set_xlabel("")
     ax.set_ylabel("")
     return ax
@@ -82,16 +116,21 @@ def ulp_histogram(records: list[dict], ax=None):
 
 
 def mismatch_map(record: dict, pair: str | None = None, ax=None):
-    """Where in the [tokens x hidden] output the differences sit, for one case and rank pair."""
+    """Where in the [tokens x hidden] output the differences sit, for one case and rank pair (log colour scale; a
+    pair that is bitwise equal is drawn in the zero colour and says so)."""
     maps = record["detail"]["mismatch_map"]
     pair = pair or max(maps, key=lambda k: record["detail"]["pairs"][k]["mismatch_frac"])
     m = maps[pair]
     ax = ax or plt.subplots(figsize=(6, 4))[1]
-    sns.heatmap(pd.DataFrame(m["frac"]), cmap="mako_r", vmin=0, vmax=1, ax=ax, xticklabels=False, yticklabels=False,
-                cbar_kws={"label": "fraction differing"})
+    df = pd.DataFrame(m["frac"])
+    zero_aware_heatmap(df, ax, annot=df.map(lambda x: ""), label="fraction differing")
+    ax.set_xticks([])
+    ax.set_yticks([])
     ax.set_xlabel(f"hidden ({m['hidden_per_bin']:.0f} per cell)")
     ax.set_ylabel(f"token ({m['tokens_per_bin']:.0f} per cell)")
-    ax.set_title(f"{_case(record).replace(chr(10), ', ')}: rank {pair}")
+    n = record["detail"]["pairs"][pair].get("n_mismatch", 0)
+    ax.set_title(f"{_case(record).replace(chr(10), ', ')}: rank {pair}"
+                 + (" — bitwise equal" if not n else f" — {n:,} differ"), fontsize=9)
     return ax
 
 
@@ -112,17 +151,17 @@ def mismatch_maps(records: list[dict]):
 
 
 def stage_heatmap(stage_rows: pd.DataFrame, ax=None, title: str = "", vmax: float | None = None):
-    """Stage (execution order) x comparison unit: bitwise mismatch fraction; blank = not compared."""
+    """Stage (execution order) x comparison unit: bitwise mismatch fraction (worst trial), green = bitwise equal,
+    grey = not compared."""
     df = stage_rows.dropna(subset=["mismatch_frac"])
     order = df.drop_duplicates("stage").sort_values("order")
     t = df.pivot_table(index="stage", columns="unit", values="mismatch_frac", aggfunc="max").reindex(order["stage"])
     t = t[sorted(t.columns, key=lambda u: (not u.startswith("rank"), u))]  # rank pairs first, then copies
     labels = [f"{s}  [{k}]" for s, k in zip(order["stage"], order["kind"])]
     ax = ax or plt.subplots(figsize=(1.3 * t.shape[1] + 4, 0.36 * t.shape[0] + 1.5))[1]
-    vmax = vmax if vmax is not None else float(t.max().max())
-    sns.heatmap(t, annot=True, fmt=".1%", cmap="rocket_r", vmin=0, vmax=max(vmax, 0.01),
-                cbar_kws={"label": "bitwise mismatch fraction"}, ax=ax, annot_kws={"fontsize": 7},
-                yticklabels=labels, linewidths=0.5, linecolor="#eee")
+    zero_aware_heatmap(t, ax, annot=t.map(lambda x: "" if pd.isna(x) else ("0" if x == 0 else f"{x:.1%}")),
+                       label="bitwise mismatch fraction")
+    ax.set_yticks([i + 0.5 for i in range(len(labels))], labels, rotation=0)
     ax.set_xlabel("")
     ax.set_ylabel("")
     ax.set_title(title or "Where ranks stop agreeing")
@@ -190,27 +229,36 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
     t = t[sorted(t.columns, key=lambda c: (rank.get(c.split()[1], 9), "+pf32" in c, "+det" in c))]
     lab = df.pivot(index="release / dispatcher", columns="setting", values="label").reindex_like(t)
     ax = ax or plt.subplots(figsize=(1.05 * t.shape[1] + 3, 0.55 * t.shape[0] + 2.2))[1]
-    sns.heatmap(t, annot=lab.values, fmt="", cmap="rocket_r", vmin=0, vmax=max(0.01, float(df["value"].max())),
-                cbar_kws={"label": f"{metric} bitwise mismatch fraction"}, ax=ax, linewidths=0.5, linecolor="#ddd",
-                annot_kws={"fontsize": 8})
+    zero_aware_heatmap(t, ax, annot=lab.fillna("n/a"), label=f"{metric} mismatch fraction (worst trial)")
     ax.set_xlabel("")
     ax.set_ylabel("")
-    ax.set_facecolor("#e6e6e6")  # NaN cells: the release has no such setting
-    ax.set_title(f"{metric}: ✓ = ranks and rerun bitwise equal; grey = n/a for that release")
+    ax.set_title(f"{metric}: ✓ = ranks and rerun bitwise equal in every trial; green = 0; grey = n/a", fontsize=10)
     return ax
 
 
 def cost_bars(cost_df: pd.DataFrame, ax=None):
-    """Forward time of each setting relative to the plain bf16 forward (same release and dispatcher)."""
+    """Forward time of each setting relative to the plain bf16 forward (same release and dispatcher), from paired
+    rounds: the median ratio with its 95 % interval; the plain cell is the A/A noise floor."""
     df = cost_df.copy()
+    ax = ax or plt.subplots(figsize=(11, 4))[1]
+    if df.empty:
+        ax.text(0.5, 0.5, "no cost measured", ha="center", va="center")
+        ax.set_axis_off()
+        return ax
     df["setting"] = ("router " + df["router_dtype"] + df["probs_fp32_gather"].map({True: " +pf32", False: ""})
                      + df["deterministic"].map({True: " +det", False: ""}))
     df["release / dispatcher"] = df["megatron_core"] + " / " + df["dispatcher"]
-    ax = ax or plt.subplots(figsize=(11, 4))[1]
-    sns.barplot(df, x="setting", y="relative_time", hue="release / dispatcher", ax=ax)
+    groups = list(dict.fromkeys(df["release / dispatcher"]))
+    settings = list(dict.fromkeys(df["setting"]))
+    width = 0.8 / max(1, len(groups))
+    for gi, g in enumerate(groups):
+        sub = df[df["release / dispatcher"] == g].set_index("setting").reindex(settings)
+        x = [i + (gi - (len(groups) - 1) / 2) * width for i in range(len(settings))]
+        err = [sub["relative_time"] - sub["ci_low"], sub["ci_high"] - sub["relative_time"]]
+        ax.bar(x, sub["relative_time"], width=width, yerr=err, capsize=2, label=g)
+    ax.set_xticks(range(len(settings)), settings, rotation=45, ha="right")
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_ylabel("forward time / plain bf16 forward")
-    ax.set_xlabel("")
-    ax.tick_params(axis="x", rotation=45)
-    ax.set_title("Cost of each setting (median of repeated forwards)")
+    ax.legend(fontsize=8)
+    ax.set_title("Cost of each setting: median of paired rounds, 95 % interval (router none = A/A noise floor)")
     return ax

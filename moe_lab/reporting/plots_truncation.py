@@ -4,12 +4,12 @@ moe_lab.experiments.truncation; no torch either."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
-from matplotlib.colors import PowerNorm
 from matplotlib.ticker import FuncFormatter
 import pandas as pd
 import seaborn as sns
 
 from ..experiments.labels import label
+from .plots import zero_aware_heatmap
 
 PASS, FAIL = "#3b8a4e", "#c0392b"
 
@@ -69,7 +69,7 @@ def expert_rows(records: list[dict]):
         if wide:
             ax.set_xticks(range(0, n, 4))
             ax.set_xticklabels(range(0, n, 4))
-        ax.set_title(f"{r['dispatcher']}: rows M per expert GEMM" + (" " if wide else "\n")
+        ax.set_title(f"{r['dispatcher']}, EP={r['world']}: rows M per expert GEMM" + (" " if wide else "\n")
                      + "(shaded: where every zeroed token goes)", fontsize=10)
         ax.legend(fontsize=8, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     fig.tight_layout()
@@ -90,6 +90,7 @@ def kernel_variance(records: list[dict], axes=None):
     """Bits of the first m rows of each expert GEMM (fc1, fc2) that change when it gets M rows instead of m, per
     state (plain, tiled, split-K forbidden; EMULATED ones say so). One panel per linear."""
     ks = _kind(records, "kernel")
+    ks = [r for r in ks if r["world"] == min(x["world"] for x in ks)]  # the same GEMM shapes at every world
     linears = list(dict.fromkeys(r.get("linear", "fc1") for r in ks)) or ["fc1"]
     if axes is None:
         axes = plt.subplots(1, len(linears), figsize=(5.2 * len(linears) + 2.2, 3.6), sharey=True,
@@ -123,17 +124,25 @@ def kernel_variance(records: list[dict], axes=None):
 def token_mismatch_map(records: list[dict], ax=None):
     """Per case (row) and token (column) of the first `cut`: fraction of hidden elements whose bits change."""
     cs = [r for r in _kind(records, "case") if r.get("available")]
-    mat = pd.DataFrame([r["token_mismatch_frac"] for r in cs], index=[f"{r['dispatcher']} / {label(r)}" for r in cs])
+    mat = pd.DataFrame([r["token_mismatch_frac"] for r in cs], index=[_row(r, cs) for r in cs])
     ax = ax or plt.subplots(figsize=(10, 0.32 * len(cs) + 1.6))[1]
-    # gamma < 1: a token with a handful of flipped elements still shows; 0 stays white.
-    norm = PowerNorm(gamma=0.4, vmin=0, vmax=max(1e-9, float(mat.values.max())))
-    sns.heatmap(mat, cmap="rocket_r", norm=norm, ax=ax, cbar_kws={"label": "fraction of hidden elements differing"},
-                xticklabels=10, linewidths=0)
+    zero_aware_heatmap(mat, ax, annot=mat.map(lambda x: ""), label="fraction of hidden elements differing")
+    ax.set_xticks(range(0, mat.shape[1], 10), range(0, mat.shape[1], 10))
     ax.set_xlabel(f"token (first {cs[0]['cut'] if cs else '?'}, truncated vs full input)")
     ax.set_ylabel("")
     ax.set_title("Where the first tokens change (EMULATED rows are CPU emulations of GPU behaviour)", fontsize=10)
     ax.tick_params(axis="y", labelsize=8)
     return ax
+
+
+def _row(r: dict, cs: list[dict]) -> str:
+    """A case's row name: dispatcher / setting, with EP and workspace when the records hold several."""
+    extra = []
+    if len({x["world"] for x in cs}) > 1:
+        extra.append(f"EP={r['world']}")
+    if len({x.get("workspace") or "unset" for x in cs}) > 1:
+        extra.append(f"ws {r.get('workspace') or 'unset'}")
+    return f"{r['dispatcher']} / {label(r)}" + (f" [{', '.join(extra)}]" if extra else "")
 
 
 def remedy_effect_cost(records: list[dict], ax=None):
@@ -146,9 +155,13 @@ def remedy_effect_cost(records: list[dict], ax=None):
         what = "bitwise equal" if r["truncation"]["bitwise_equal"] else f"{r['truncation']['n_mismatch']:,} differ"
         if not r["rerun"]["bitwise_equal"]:
             what += "\nrerun differs"
-        cost = f"{r['overhead']:.2f}×" if r.get("overhead") else "n/a"
+        c = r.get("cost") or {}
+        cost = (f"{c['ratio']:.2f}× [{c['ci'][0]:.2f}–{c['ci'][1]:.2f}]" if c.get("ratio") else "n/a")
+        ep = f"\nEP={r['world']}" if len({x["world"] for x in cs}) > 1 else ""
+        ws = f"\nws {r.get('workspace') or 'unset'}" if len({x.get("workspace") or "unset" for x in cs}) > 1 else ""
         rows.append({"remedy": r["remedy"] + (f" T={r['tile']}" if r.get("tile") else ""),
-                     "setting": f"{r['dispatcher']}\n{_emu(r)}", "ok": 0.0 if ok else 1.0, "text": f"{what}\n{cost}"})
+                     "setting": f"{r['dispatcher']}\n{_emu(r)}{ep}{ws}", "ok": 0.0 if ok else 1.0,
+                     "text": f"{what}\n{cost}"})
     df = pd.DataFrame(rows)
     order, cols = list(dict.fromkeys(df.remedy)), list(dict.fromkeys(df.setting))  # the run's order: real first
     val = df.pivot(index="remedy", columns="setting", values="ok").reindex(index=order, columns=cols)
@@ -159,7 +172,8 @@ def remedy_effect_cost(records: list[dict], ax=None):
                 linecolor="white", ax=ax, annot_kws={"fontsize": 8, "color": "white"}, mask=val.isna())
     ax.set_xlabel("")
     ax.set_ylabel("")
-    ax.set_title("Remedies: effect (green = first tokens and rerun bitwise equal) and cost (× plain forward)",
+    ax.set_title("Remedies: effect (green = first tokens and rerun bitwise equal in every trial) and cost (× plain "
+                 "forward, 95 % CI; remedy none = A/A noise floor)",
                  fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     return ax

@@ -81,16 +81,39 @@ def _error(nb) -> str:
 
 
 def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
+    """The executed notebook as HTML (full, or `exclude_input`: the shared page without code). Each page stands alone
+    (#14): its title, links to the index, the other notebooks and the public issue; local paths scrubbed; wide tables
+    scroll instead of overflowing."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    from .summary import ISSUE
+
     nb = nbformat.read(nb_path, as_version=4)
+    title = _title(nb)
+    suffix = ".shared.html" if exclude_input else ".html"
+    others = [p for p in sorted(nb_path.parent.glob("[0-9][0-9]_*.ipynb")) if NB_PATTERN.match(p.name)]
+    nav = " · ".join(f"[{p.name[:2]}]({p.stem}{suffix})" if p != nb_path else f"**{p.name[:2]}**" for p in others)
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+        f"[← report index](index.html) · notebooks: {nav} · [Megatron-LM #1421]({ISSUE})"
+        + (" · [this page with code](" + nb_path.stem + ".html)" if exclude_input else "")))
     exporter = HTMLExporter(exclude_input=exclude_input, exclude_input_prompt=exclude_input,
                             exclude_output_prompt=exclude_input)
     body, _ = exporter.from_notebook_node(nb)
-    out = nb_path.with_name(nb_path.stem + (".shared.html" if exclude_input else ".html"))
-    out.write_text(body)
+    body = re.sub(r"<title>.*?</title>", f"<title>{html.escape(title)}</title>", body, count=1, flags=re.S)
+    body = body.replace("</head>", "<style>.jp-OutputArea-output{overflow-x:auto}"
+                                   "table.dataframe{font-size:11px}</style></head>", 1)
+    out = nb_path.with_name(nb_path.stem + suffix)
+    out.write_text(scrub_paths(body, nb_path.parent))
     return out
+
+
+def scrub_paths(text: str, out_dir: Path) -> str:
+    """Local paths out of a shared page: the report directory becomes '.', the checkout '<moe_lab>', home '~'."""
+    for path, name in ((str(out_dir.resolve()), "."), (str(ROOT), "<moe_lab>"), (str(Path.home()), "~")):
+        if path and path != "/":
+            text = text.replace(path, name)
+    return text
 
 
 def mark_failure(nb_path: Path, message: str) -> bool:
@@ -167,7 +190,11 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
 
 
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
-    """index.html + index.json; rows of notebooks not in this run (an earlier `--only` run into the same dir) are kept."""
+    """index.html + index.json: the one-screen answer (cards from results.json), the provenance header, and one row
+    per notebook with its run status apart from its finding (PASS / FAIL / n/a). Rows of notebooks not in this run
+    (an earlier `--only` run into the same dir) are kept."""
+    from . import summary
+
     prev = out_dir / "index.json"
     if prev.exists():
         try:
@@ -176,26 +203,42 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
             old = []
         now = {r["notebook"] for r in rows}
         rows = sorted([r for r in old if r.get("notebook") not in now] + list(rows), key=lambda r: r["notebook"])
+    from ..experiments import protocol
+
+    try:
+        records = protocol.latest(results.load(out_dir / "results.json"), out_dir)
+    except results.ResultsFileError:
+        records = []
+    for r in rows:
+        r["finding"], r["headline"] = summary.headline(r["notebook"], records) if r["status"] == "ok" else ("n/a", "")
     trs = []
     for r in rows:
         ok = r["status"] == "ok"
         links = " · ".join(f'<a href="{html.escape(r[k])}">{label}</a>' for k, label in
-                           (("html", "full"), ("shared_html", "shared")) if r.get(k))
-        verdict = html.escape(r["verdict"] or r["error"] or "").replace("\n", "<br>")
-        state = "✔ ok" if ok else {"interrupted": "✘ INTERRUPTED",
-                                   "not run": "– not run"}.get(r["status"], "✘ FAILED")
-        trs.append(f"<tr class='{'ok' if ok else 'fail'}'><td>{r['notebook']}</td><td>{html.escape(r['title'])}</td>"
-                   f"<td>{state}</td><td>{verdict}</td><td>{r['seconds']:.0f} s</td><td>{links}</td></tr>")
-    meta_html = "".join(f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(v))}</li>" for k, v in meta.items())
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>moe_lab report</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:80em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:.4em .6em;vertical-align:top}}tr.fail{{background:#fde2e2}}tr.ok td:nth-child(3){{color:#176b1b}}</style>
-</head><body><h1>moe_lab report</h1><ul>{meta_html}</ul>
-<table><tr><th>#</th><th>notebook</th><th>status</th><th>verdict</th><th>run time</th><th>HTML</th></tr>
-{''.join(trs)}</table><p>Tidy records of every measured case: <a href="results.json">results.json</a>.</p></body></html>"""
+                           (("shared_html", "report"), ("html", "with code")) if r.get(k))
+        state = "ran" if ok else {"interrupted": "INTERRUPTED", "not run": "not run"}.get(r["status"], "FAILED")
+        detail = html.escape(r["verdict"] or r["error"] or "")
+        trs.append(f"<tr class='{'' if ok else 'run-failed'}'><td>{r['notebook']}</td><td>{html.escape(r['title'])}</td>"
+                   f"<td>{state} ({r['seconds']:.0f} s)</td><td>{summary._st(r['finding'])} "
+                   f"{html.escape(r['headline'])}<details><summary>verdict</summary><pre>{detail}</pre></details></td>"
+                   f"<td>{links}</td></tr>")
+    cards = summary.cards(records)
+    title = f"moe_lab report — {meta.get('profile', '')}"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{summary._CSS}</style></head><body><h1>{html.escape(title)}</h1>
+<p>Numerical divergence of megatron-core MoE layers under expert parallelism, reproduced and localised on this
+machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every statement below is computed from
+<a href="results.json">results.json</a>.</p>
+<h2>The answer, per release and dispatcher</h2>{summary.render_cards(cards) if cards else "<p>(no records yet)</p>"}
+<h2>Notebooks</h2><table><tr><th>#</th><th>question</th><th>run</th><th>finding</th><th>HTML</th></tr>
+{''.join(trs)}</table>
+<h2>Where these numbers come from</h2>{summary.render_provenance(summary.provenance(records))}
+<p><small>generated {html.escape(str(meta.get('date', '')))} by moe-lab run, profile {html.escape(str(meta.get('profile')))}
+</small></p></body></html>"""
     p = out_dir / "index.html"
     p.write_text(page)
-    (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows}, indent=1))
+    (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows, "cards": cards}, indent=1,
+                                                   default=str))
     return p
 
 
@@ -217,6 +260,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured (#16)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
+    os.environ["MOE_LAB_RUN_ID"] = f"{os.getpid()}-{time.time():.0f}"  # and the run id (protocol.note_run)
     rows = []
     meta = _meta(profile, params)
     try:
@@ -374,7 +418,7 @@ def _meta(profile: str, params: dict) -> dict:
     return {"profile": profile, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
             "megatron-core (controller)": compat.installed_version(),
-            "parameters": json.dumps(params)}
+            "parameters": json.dumps(profiles.public(params))}
 
 
 def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str] | None = None) -> int:
