@@ -11,6 +11,8 @@ ROUTER_DTYPES = ("none", "fp32", "fp64")
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (its entry-point names)
+MEGATRON_OPTIONS = ("moe_enable_routing_replay", "moe_permute_fusion", "moe_router_fusion")
+"""TransformerConfig booleans the lab can turn on (the layer is built with them: they are part of its identity)."""
 
 
 def _choice(name: str, value, allowed) -> None:
@@ -53,6 +55,9 @@ class MoEConfig:
     """Seed for weights and tokens: same seed → bitwise same weights and tokens on every rank."""
     deterministic: bool = False
     """`torch.use_deterministic_algorithms(True)` (+ NCCL_ALGO=Ring on GPU, set at cluster start)."""
+    options: tuple[str, ...] = ()
+    """megatron-core TransformerConfig switches turned on for the layer, from MEGATRON_OPTIONS (checked against the
+    release; e.g. 'moe_enable_routing_replay', 'moe_permute_fusion')."""
 
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
@@ -64,6 +69,10 @@ class MoEConfig:
             raise ValueError(f"seed ({self.seed!r}) must be an integer")
         if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 0:
             raise ValueError(f"ep ({self.ep!r}) must be 0 (= world / tp) or a positive integer")
+        if isinstance(self.options, list):  # from JSON
+            object.__setattr__(self, "options", tuple(self.options))
+        if not isinstance(self.options, tuple) or any(o not in MEGATRON_OPTIONS for o in self.options):
+            raise ValueError(f"options ({self.options!r}) must be a tuple of {', '.join(MEGATRON_OPTIONS)}")
         _choice("dtype", self.dtype, DTYPES)
         _choice("dispatcher", self.dispatcher, DISPATCHERS)
         _choice("router_dtype", self.router_dtype, ROUTER_DTYPES)

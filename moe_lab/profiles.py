@@ -13,7 +13,8 @@ _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
                            "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic", "launcher",
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
-                           "truncation_engines", "one_gpu_engines"}
+                           "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
+                           "compound_settings"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:

@@ -31,12 +31,21 @@ class Cache:
 
     tensors: dict = field(default_factory=dict)
     ledger: list = field(default_factory=list)
+    grads: dict = field(default_factory=dict)
+    """stage name → the gradient that reached it in backward (with `want_grads`), in backward order."""
+    want_grads: bool = False
     _stage: list = field(default_factory=lambda: ["forward"])
 
     def add(self, name: str, value) -> None:
         if isinstance(value, torch.Tensor):
             # clone: detach() shares storage, and a later in-place op could flip a bitwise verdict
             self.tensors[name] = value.detach().clone()
+            if self.want_grads and value.requires_grad:
+                value.register_hook(lambda g, name=name: self._add_grad(name, g))
+
+    def _add_grad(self, name: str, g) -> None:
+        if g is not None:
+            self.grads[name] = g.detach().clone()
 
     @property
     def stages(self) -> list[str]:

@@ -104,10 +104,19 @@ def check_router_dtype(router_dtype: str, version: str) -> None:
         )
 
 
+OPTIONS_SINCE = {"moe_permute_fusion": (0, 11, 0), "moe_router_fusion": (0, 14, 0),
+                 "moe_enable_routing_replay": (0, 16, 0)}
+"""First release with each TransformerConfig option the lab turns on (release notes)."""
+
+
 def check_config(cfg, version: str) -> None:
     """Everything about a MoEConfig that depends on the megatron-core release: the one place that checks a config
     against a release (controller side, before an engine runs it; ValueError naming the field)."""
     check_router_dtype(cfg.router_dtype, version)
+    for opt in getattr(cfg, "options", ()):
+        if parse_version(version) < OPTIONS_SINCE[opt]:
+            raise ValueError(f"options ({opt!r}) needs megatron-core >= {'.'.join(map(str, OPTIONS_SINCE[opt]))}; "
+                             f"this is {version}")
 
 
 # ---------------------------------------------------------------------------------------------- dispatcher API
@@ -265,6 +274,8 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
     )
     if cfg.router_dtype != "none":
         kwargs["moe_router_dtype"] = cfg.router_dtype
+    for opt in getattr(cfg, "options", ()):
+        kwargs[opt] = True
     known = TransformerConfig.__dataclass_fields__
     dropped = [k for k in kwargs if k not in known]
     for k in dropped:
@@ -322,6 +333,11 @@ def moe_forward(layer, tokens: torch.Tensor, padding_mask: torch.Tensor | None =
             out = layer(tokens, padding_mask=padding_mask.transpose(0, 1))
         else:
             out = layer(tokens)
+    return moe_output(out)
+
+
+def moe_output(out):
+    """The output tensor of a MoELayer call ((output, bias) in every release so far)."""
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -329,3 +345,99 @@ def supports_padding_mask(layer) -> bool:
     import inspect
 
     return "padding_mask" in inspect.signature(type(layer).forward).parameters
+
+
+# ---------------------------------------------------------------------------------------------- megatron's own remedies
+
+
+@contextlib.contextmanager
+def routing_replay(layer, action: str):
+    """megatron's router replay (0.16+, `moe_enable_routing_replay`) for the block: 'record' the top-k indices of the
+    forwards inside, or 'replay' the last recorded ones (every token gets the experts it had when recorded)."""
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+    rr = getattr(layer.router, "router_replay", None)
+    if rr is None:
+        raise ValueError("routing replay needs a layer built with options=('moe_enable_routing_replay',)")
+    if action == "replay":
+        rr.set_target_indices(rr.get_recorded_indices())
+    rr.set_router_replay_action(RouterReplayAction.RECORD if action == "record" else RouterReplayAction.REPLAY_FORWARD)
+    try:
+        yield
+    finally:
+        rr.clear_router_replay_action()
+
+
+def batch_invariant_available() -> str | None:
+    """None if megatron's batch-invariant kernels can run here, else why not (they are Triton GPU kernels)."""
+    try:
+        from megatron.core.transformer.custom_layers import batch_invariant_kernels  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - an old release, or no triton
+        return f"megatron-core {installed_version()} has no batch_invariant_kernels ({type(e).__name__}: {e})"
+    if not torch.cuda.is_available():
+        return "megatron's batch-invariant kernels are Triton GPU kernels: GPU only"
+    return None
+
+
+@contextlib.contextmanager
+def batch_invariant_mode():
+    """megatron's `set_batch_invariant_mode(True)` (0.16.1: a Triton persistent matmul patched over aten::mm/addmm,
+    log_softmax, mean) for the block. Without TransformerEngine its enable step imports TE after patching aten::mm, so
+    the failed enable would leak the patch: this shim skips megatron's TE patching when TE is absent (the layers
+    here use no TE kernels) and always restores aten on exit."""
+    why = batch_invariant_available()
+    if why:
+        raise ValueError(why)
+    import importlib.util
+
+    from megatron.core.transformer.custom_layers import batch_invariant_kernels as bik
+
+    saved = None
+    if importlib.util.find_spec("transformer_engine") is None:
+        saved = (bik._te_patch_for_batch_invariant, bik._te_unpatch_for_batch_invariant)
+        bik._te_patch_for_batch_invariant = lambda: None
+        bik._te_unpatch_for_batch_invariant = lambda: None
+        _APPLIED["batch_invariant_without_te"] = 1
+    try:
+        with bik.set_batch_invariant_mode(True):
+            yield
+    finally:
+        if bik.is_batch_invariant_mode_enabled():  # never leave aten patched
+            bik.disable_batch_invariant_mode()
+        if saved is not None:
+            bik._te_patch_for_batch_invariant, bik._te_unpatch_for_batch_invariant = saved
+
+
+@contextlib.contextmanager
+def fp32_gather_grad_reduce():
+    """Lab remedy for the backward: the allgather dispatcher's all-gathers (`gather_from_sequence_parallel_region` as
+    bound in megatron's token_dispatcher) keep their forward, but their backward — the reduce-scatter that sums each
+    token's gradient over the EP ranks — runs in fp32 and casts back (megatron runs it in the gradient's dtype, bf16,
+    in a rank-dependent order). No megatron option does this."""
+    from megatron.core.tensor_parallel import mappings
+    from megatron.core.transformer.moe import token_dispatcher as td
+
+    orig = td.gather_from_sequence_parallel_region
+
+    class _Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, group, output_split_sizes, use_global_buffer):
+            ctx.group, ctx.splits, ctx.dtype = group, output_split_sizes, x.dtype
+            return mappings._gather_along_first_dim(x, group, output_split_sizes, use_global_buffer)
+
+        @staticmethod
+        def backward(ctx, g):
+            out = mappings._reduce_scatter_along_first_dim(g.float(), ctx.group, ctx.splits)
+            return out.to(ctx.dtype), None, None, None
+
+    def gather(input_, tensor_parallel_output_grad=True, group=None, output_split_sizes=None, use_global_buffer=False):
+        if not (input_.is_floating_point() and input_.requires_grad and tensor_parallel_output_grad):
+            return orig(input_, tensor_parallel_output_grad, group, output_split_sizes, use_global_buffer)
+        group = mappings.get_tensor_model_parallel_group_if_none(group)
+        return _Gather.apply(input_, group, output_split_sizes, use_global_buffer)
+
+    td.gather_from_sequence_parallel_region = gather
+    try:
+        yield
+    finally:
+        td.gather_from_sequence_parallel_region = orig

@@ -205,6 +205,7 @@ def init_parallel_state(*, tp: int, ep: int) -> None:
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
     STATE["parallel"] = (tp, ep)
     STATE["layers"] = {}
+    STATE["stacks"] = {}
 
 
 def describe() -> dict:

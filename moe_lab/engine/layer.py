@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 INIT_STD = 0.02  # megatron's default init_method_std
 # Fields that change the built layer (the rest — seq_len, deterministic, probs_fp32_gather — only how it is run).
-_LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed")
+_LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed",
+               "options")
 MAX_LAYERS = 2  # layers kept per engine: a case's and the plain one its cost is paired with
 _EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 
@@ -128,3 +129,33 @@ def weights_fingerprint(cfg_dict: dict, *, rebuild: bool = False) -> dict[str, s
         STATE.get("layers", {}).clear()
     layer = get_layer(cfg)
     return {name: metrics.fingerprint(p) for name, p in layer.named_parameters()}
+
+
+def get_stack(cfg: MoEConfig, n: int, *, distinct: bool):
+    """`n` MoE layers for a depth experiment on this rank: the layer for `cfg` `n` times (the seed test's
+    `[layer.mlp] * 4`), or `n` distinct layers seeded seed, seed+1, ... Cached per (config, n, distinct): one stack
+    at a time, beside the case layers of `get_layer`."""
+    import torch.distributed as tdist
+
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"layers ({n!r}) must be a positive integer")
+    key = (tuple(getattr(cfg, k) for k in _LAYER_KEYS), n, distinct)
+    stacks = STATE.setdefault("stacks", {})
+    if key not in stacks:
+        stacks.clear()
+        if not distinct:
+            stacks[key] = [get_layer(cfg)] * n
+        else:
+            from megatron.core import parallel_state as ps
+
+            ep = cfg.resolved_ep(tdist.get_world_size())
+            init_parallel_state(tp=cfg.tp, ep=ep)
+            out = []
+            for i in range(n):
+                c = cfg.replace(seed=cfg.seed + i)
+                lyr = compat.build_moe_layer(c, ep=ep, tp=c.tp, device=STATE["device"])
+                init_weights(lyr, c, ep_rank=ps.get_expert_model_parallel_rank(),
+                             tp_rank=ps.get_tensor_model_parallel_rank(), tp=c.tp)
+                out.append(lyr)
+            stacks[key] = out
+    return stacks[key]

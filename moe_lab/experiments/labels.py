@@ -42,4 +42,10 @@ def placement_note(rec: dict) -> str:
     return where + "."
 
 
-__all__ = ["label", "rem_label", "describe_cmp", "placement_note"]
+FWD_CMPS = ("cross_out", "rerun_out", "truncation_out")
+"""Notebook 05's forward comparisons, and its gradient comparisons below (record fields of a backward case)."""
+GRAD_CMPS = ("cross_dx", "rerun_dx", "truncation_dx", "cross_router_grad", "rerun_router_grad",
+             "truncation_router_grad", "experts_rerun", "experts_truncation")
+
+
+__all__ = ["label", "rem_label", "describe_cmp", "placement_note", "FWD_CMPS", "GRAD_CMPS"]

@@ -91,7 +91,6 @@ def on_engine(payload: dict) -> dict:
 
 def _capture_and_compare(s) -> dict:
     """One captured forward on this rank, its stages compared as copies (rank-local) and across ranks (replicated)."""
-    from .. import metrics
     from ..engine import capture, toolkit
     from .remedies import probs_fp32_before_gather
 
@@ -99,24 +98,49 @@ def _capture_and_compare(s) -> dict:
     with toolkit.deterministic(cfg.deterministic), probs_fp32_before_gather(s.layer, cfg.probs_fp32_gather):
         out, cache = capture.run_with_capture(s.layer, s.tokens, hidden=cfg.hidden, num_experts=cfg.num_experts)
         toolkit.sync()
+    res = compare_stages(cache.tensors, lambda name: comparison_kind(name, cfg.dispatcher), _tokens_per_expert(cache))
+    res["ledger"] = cache.ledger
+    return res
+
+
+def grad_kind(stage: str, dispatcher: str) -> str:
+    """How the gradient reaching a forward stage must agree: as the stage itself, except the allgather's gathered
+    tensors — each rank back-propagates only its local experts into them, so their gradients are copies within a rank
+    (one block per input copy), not replicated; the reduce-scatter of the backward makes the input gradient
+    replicated again."""
+    if dispatcher == "allgather" and stage.startswith("dispatch.comm."):
+        return COPIES
+    return comparison_kind(stage, dispatcher)
+
+
+def compare_stages(tensors: dict, kind_of, tpe: list[int] | None) -> dict:
+    """Engine side: every named tensor of a capture compared the way it must agree (`kind_of(name)`): copies within
+    this rank now, replicated ones across ranks (rank 0 gets those pairs). Every rank must call it with the same
+    names in the same order."""
+    from .. import metrics
+    from ..engine import toolkit
+
     rank, world = toolkit.tdist.get_rank(), toolkit.world()
-    tpe = _tokens_per_expert(cache)
     stages = []
-    for order, (name, t) in enumerate(cache.tensors.items()):
-        kind = comparison_kind(name, cfg.dispatcher)
+    for order, (name, t) in enumerate(tensors.items()):
+        kind = kind_of(name)
         row = {"stage": name, "order": order, "kind": kind, "dtype": str(t.dtype).removeprefix("torch."),
                "shape": list(t.shape), "fingerprint": metrics.fingerprint(t)}
         if kind in (COPIES, COPIES_PER_EXPERT):
             parts = copy_parts(t, kind, world, tpe) if world > 1 else "world size 1: a single copy of the input"
             row["copies"] = {"skipped": parts} if isinstance(parts, str) else toolkit.compare_parts(parts)
         stages.append(row)
-    replicated = {n: cache.tensors[n] for n in (s_["stage"] for s_ in stages if s_["kind"] == REPLICATED)}
+    replicated = {n: tensors[n] for n in (s_["stage"] for s_ in stages if s_["kind"] == REPLICATED)}
     cross = toolkit.compare_across_ranks(replicated)
-    res = {"rank": rank, "stages": stages, "ledger": cache.ledger, "cross": None, "bytes_compared": 0}
+    res = {"rank": rank, "stages": stages, "cross": None, "bytes_compared": 0}
     if cross is not None:
         res["bytes_compared"] = cross.pop("bytes_compared")
         res["cross"] = {n: (c["pairs"] if c.get("applicable", True) else None) for n, c in cross.items()}
     return res
+
+
+def tokens_per_expert(cache) -> list[int] | None:
+    return _tokens_per_expert(cache)
 
 
 # ---------------------------------------------------------------------------------------------- controller side
@@ -280,5 +304,6 @@ def verdict(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["cases", "on_engine", "records", "verdict", "stage_rows", "first_divergent", "comparison_kind",
+__all__ = ["cases", "on_engine", "records", "verdict", "stage_rows", "first_divergent", "comparison_kind", "grad_kind",
+           "compare_stages", "tokens_per_expert",
            "copy_parts", "VARIANTS", "REPLICATED", "COPIES", "COPIES_PER_EXPERT", "LOCAL"]

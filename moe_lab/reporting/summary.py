@@ -67,8 +67,8 @@ def job_lines(setting: str) -> list[str]:
 
 def cards(records: list[dict]) -> list[dict]:
     """One card per release x dispatcher that the records cover (01/03 give divergence, 02/03 where, 04 truncation)."""
-    r01, r02, r03, r04 = (_nb(records, n) for n in ("01", "02", "03", "04"))
-    keys = {(r["megatron_core"], r["dispatcher"]) for r in r01 + r02 + r03 + r04 if "skipped" not in r}
+    r01, r02, r03, r04, r05 = (_nb(records, n) for n in ("01", "02", "03", "04", "05"))
+    keys = {(r["megatron_core"], r["dispatcher"]) for r in r01 + r02 + r03 + r04 + r05 if "skipped" not in r}
     out = []
     for v, d in sorted(keys, key=lambda k: (_vt(k[0]), k[1])):
         card: dict = {"release": v, "dispatcher": d}
@@ -106,6 +106,18 @@ def cards(records: list[dict]) -> list[dict]:
                                   "text": "bitwise equal" + (f" in {t.get('trials', 1)} trials" if t.get("trials", 1) > 1
                                                              else "") if t["bitwise_equal"] else
                                   f"{t['n_mismatch']:,} of {t['numel']:,} first-token elements differ in {_trials(t)}"}
+        back = [r for r in _nb(records, "05") if r.get("kind") == "backward" and r.get("available")
+                and (r["megatron_core"], r["dispatcher"]) == (v, d)]
+        plain05 = next((r for r in back if r["setting"] == "plain"), None)
+        if plain05:
+            from ..experiments import compound
+
+            ok = compound.grads_agree(plain05)
+            fix = [r["setting"] for r in back if r["setting"] != "plain" and compound.grads_agree(r)]
+            card["gradients"] = {"status": "PASS" if ok else "FAIL",
+                                 "text": "gradients agree (ranks, reruns, truncation)" if ok else
+                                 "gradients differ: " + ", ".join(compound._fails(plain05, compound.GRAD_CMPS))
+                                 + (f"; all agree with {', '.join(fix)}" if fix else "")}
         card["remedies"] = _remedies(records, v, d)
         out.append(card)
     return out
@@ -181,6 +193,17 @@ def headline(nb: str, records: list[dict]) -> tuple[str, str]:
         fails = sorted({r["dispatcher"] for r in plain if not r["truncation"]["bitwise_equal"]})
         return ("FAIL", f"truncation test fails for {', '.join(fails)} (real layer)") if fails else \
             ("PASS", "truncation test passes bitwise on the real layer")
+    if nb == "05":
+        from ..experiments import compound
+
+        back = [r for r in recs if r.get("kind") == "backward" and r.get("available")]
+        plain = [r for r in back if r["setting"] == "plain"]
+        bad = sorted({r["dispatcher"] for r in plain if not compound.grads_agree(r)})
+        fixed = sorted({r["setting"] for r in back if r["dispatcher"] in bad and compound.grads_agree(r)})
+        if not bad:
+            return "PASS", "gradients bitwise equal across ranks, reruns and truncation (plain)"
+        return "FAIL", (f"gradients differ for {', '.join(bad)} (plain)"
+                        + (f"; all agree with {', '.join(fixed)}" if fixed else "; no setting makes all agree"))
     return "n/a", f"{len(recs)} records"
 
 
@@ -228,6 +251,8 @@ def render_cards(cs: list[dict]) -> str:
                         + "</p>")
         if "truncation" in c:
             rows.append(f"<p>{_st(c['truncation']['status'])} truncation: {html.escape(c['truncation']['text'])}</p>")
+        if "gradients" in c:
+            rows.append(f"<p>{_st(c['gradients']['status'])} {html.escape(c['gradients']['text'])}</p>")
         for r in c["remedies"]:
             if r["remedy"]:
                 rows.append(f"<p>fix for {html.escape(r['for'])}: <b>{html.escape(r['remedy'])}</b>, "

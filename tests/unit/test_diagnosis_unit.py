@@ -1,0 +1,57 @@
+"""The blame rule of a failed or hung collective (#16), as a pure function: `diagnosis.blame` names a rank only if it
+is the cause — it returned without calling the collective, it is busy outside any collective, or its stack cannot be
+read — and never a victim (a rank that reported the collective's failure, or that waits in it)."""
+
+from moe_lab.controller.diagnosis import blame
+
+WAITING = ("all_reduce", "waiting in all_reduce (_all_reduce at faults.py:17)")
+BUSY = (None, "in sleep_on at faults.py:27")
+
+
+def test_a_rank_that_returned_is_named_and_the_victims_that_timed_out_are_not():
+    """skip_collective_on(2) at 4 ranks: rank 2 returns at once, ranks 0, 1, 3 report the all-reduce's timeout."""
+    culprits, notes = blame([0, 1, 2, 3], returned={2}, errored={0, 1, 3}, pending={})
+    assert culprits == [2]
+    assert notes == ["rank 2 returned without calling it"]
+
+
+def test_pending_ranks_waiting_in_a_collective_are_never_named():
+    """Victims still inside the collective when the call gives up (their own timeout not reported yet)."""
+    culprits, notes = blame([0, 1, 2, 3], returned={1}, errored={0}, pending={2: WAITING, 3: WAITING})
+    assert culprits == [1] and notes == ["rank 1 returned without calling it"]
+
+
+def test_a_pending_rank_busy_outside_any_collective_is_named():
+    """sleep_on(3, 60): rank 3 sleeps in Python while the others time out in the all-reduce it never joins."""
+    culprits, notes = blame([0, 1, 2, 3], returned=set(), errored={0, 1, 2}, pending={3: BUSY})
+    assert culprits == [3]
+    assert notes == ["rank 3 is still busy in sleep_on at faults.py:27"]
+
+
+def test_a_hung_collective_with_nobody_errored_yet_names_only_the_busy_rank():
+    """The call's own timeout came first: every rank is pending, three wait in the all-reduce, one is busy."""
+    culprits, _ = blame([0, 1, 2, 3], returned=set(), errored=set(),
+                        pending={0: WAITING, 1: BUSY, 2: WAITING, 3: WAITING})
+    assert culprits == [1]
+
+
+def test_a_pending_rank_whose_stack_cannot_be_read_is_named():
+    """No stack (another host): nothing shows it is in the collective, so it cannot be cleared."""
+    culprits, notes = blame([0, 1], returned=set(), errored={0}, pending={1: None})
+    assert culprits == [1]
+    assert notes == ["rank 1 is still busy (its stack cannot be read from this host)"]
+
+
+def test_errored_victims_are_never_named_whatever_else_is_known_about_them():
+    """A rank that reported the collective's failure is a victim, even if it is also listed as pending and busy."""
+    culprits, _ = blame([0, 1, 2, 3], returned=set(), errored={0, 1, 2, 3}, pending={})
+    assert culprits == []
+    culprits, _ = blame([0, 1], returned=set(), errored={0, 1}, pending={1: BUSY, 0: None})
+    assert culprits == []
+
+
+def test_ranks_are_named_in_rank_order_with_one_note_each():
+    culprits, notes = blame([0, 1, 2, 3, 4, 5, 6, 7], returned={5}, errored={0, 2, 4, 6},
+                            pending={1: WAITING, 3: BUSY, 7: None})
+    assert culprits == [3, 5, 7]
+    assert [n.split()[1] for n in notes] == ["3", "5", "7"]
