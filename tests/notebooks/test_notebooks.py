@@ -209,3 +209,17 @@ def test_a_relative_out_dir_keeps_results_json_beside_the_html(tmp_path, monkeyp
     assert report.run_all(profile="cpu", out="rel/out", nb_dir=nb_dir) == 0
     assert (tmp_path / "rel/out/results.json").exists() and (tmp_path / "rel/out/01_t.html").exists()
     assert not (nb_dir / "rel").exists()
+
+
+def test_05_gradients_and_depth(cpu_report):
+    recs = [r for r in cpu_report["results"] if r["notebook"] == "05"]
+    back = {(r["dispatcher"], r["setting"]): r for r in recs if r["kind"] == "backward"}
+    assert ("allgather", "plain") in back and ("alltoall", "routing replay") in back
+    plain = back[("allgather", "plain")]
+    assert plain["cross_dx"]["trials"] == 3 and plain["cross_dx"]["n_differ"] == 3  # gradients differ across ranks
+    assert back[("allgather", "router fp32")]["cross_out"]["bitwise_equal"]
+    assert back[("allgather", "router fp32 + fp32 grad reduce")]["cross_dx"]["bitwise_equal"]
+    assert back[("allgather", "batch_invariant_mode")]["available"] is False  # GPU only: said, not crashed
+    depth = [r for r in recs if r["kind"] == "depth"]
+    assert {r["stack"] for r in depth} == {"the same layer x4", "8 distinct layers"}
+    assert max(r["layer"] for r in depth) == 8

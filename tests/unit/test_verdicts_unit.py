@@ -150,3 +150,33 @@ def test_04_each_workspace_setting_gets_its_own_cheapest():
     assert "EP=4, CUBLAS_WORKSPACE_CONFIG=unset, real layer" in v and "CUBLAS_WORKSPACE_CONFIG=:4096:8, real layer" in v
     assert "1.05x" in v and "2.00x" in v and "above the 1.3x goal" in v
     assert V.cheapest(recs)["cost"]["ratio"] == 1.05  # the card: the unset workspace
+
+
+# ---------------------------------------------------------------------------------------------- 05
+
+
+def back05(d, setting, bad=(), available=True):
+    from moe_lab.experiments import compound
+
+    r = dict(ENV, kind="backward", dispatcher=d, setting=setting, available=available, cut=90, trials=3,
+             backward_first_divergent=None, backward_ledger=[])
+    if not available:
+        return dict(r, reason="ValueError: needs TransformerEngine")
+    for k in compound.FWD_CMPS + compound.GRAD_CMPS:
+        r[k] = cmp(7, trials=3) if k in bad else cmp(trials=3)
+    return r
+
+
+def test_05_a_setting_that_fixes_the_forward_only_is_said_so():
+    from moe_lab.experiments import compound
+
+    recs = [back05("allgather", "plain", bad=("cross_out", "cross_dx")),
+            back05("allgather", "router fp32", bad=("cross_dx",)),
+            back05("allgather", "routing replay", bad=("cross_dx", "experts_truncation")),
+            back05("allgather", "moe_permute_fusion", available=False)]
+    v = compound.verdict(recs)
+    assert "forward agrees across ranks but the gradients do not: router fp32, routing replay" in v
+    assert "no setting makes the forward and every gradient bitwise equal" in v
+    assert "not run here: moe_permute_fusion: ValueError: needs TransformerEngine" in v
+    recs.append(back05("allgather", "fp32 grad reduce"))
+    assert "every forward and gradient comparison bitwise equal in every trial: fp32 grad reduce" in compound.verdict(recs)
