@@ -46,7 +46,7 @@ def format_plan(rows, *, title: str | None = None) -> str:
         "",
         "forward: activations of one plain forward incl. allgather's kept token buffer (balanced routing); "
         "trunc. input: the lab's truncated tokens (zeros route to experts 0..topk-1 on one rank); layer peak: "
-        "params + input + forward; lab peak: `measure.run_case` (3 kept outputs, compare, fingerprint); layers fit: "
+        "params + input + forward; lab peak: the probe (`experiments.probe.on_engine`, one trial) (3 kept outputs, compare, fingerprint); layers fit: "
         "how many such layers' params fit beside one forward.",
     ]
     return "\n".join(lines)
