@@ -14,7 +14,8 @@ _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dt
                            "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic", "launcher",
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
                            "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
-                           "compound_settings"}
+                           "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
+                           "truncation_tiles"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:

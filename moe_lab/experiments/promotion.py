@@ -26,7 +26,8 @@ def grid(params: dict) -> list:
 
     base = profiles.base_moe(params)
     return [base.replace(dispatcher=d, router_dtype=r, probs_fp32_gather=p, deterministic=det)
-            for d, r, p, det in itertools.product(params["dispatchers"], params["router_dtypes"],
+            for d, r, p, det in itertools.product(params["dispatchers"],
+                                                  params.get("sweep_router_dtypes") or params["router_dtypes"],
                                                   params.get("probs_fp32_gather", [False, True]),
                                                   params.get("deterministic", [False, True]))]
 

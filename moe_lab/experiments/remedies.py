@@ -23,12 +23,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-REMEDIES = ("deterministic", "padding_mask", "tiled_experts", "ordered_combine", "no_splitk")
+REMEDIES = ("deterministic", "padding_mask", "tiled_experts", "ordered_combine", "no_splitk", "batch_invariant_mode")
 """deterministic: torch.use_deterministic_algorithms (megatron's unpermute: scatter_add_ → index_add_);
 padding_mask: megatron's MoE `padding_mask` (tokens[cut:] marked as padding); tiled_experts: every expert GEMM on
 fixed T-row tiles (last one zero-padded); ordered_combine: the combine sums each token's expert outputs in fp32 in
 expert order (no atomics); no_splitk: cuBLAS may not split K (torch >= 2.10's
-`allow_bf16_reduced_precision_reduction = (False, False)`), so no GEMM picks its reduction split from M."""
+`allow_bf16_reduced_precision_reduction = (False, False)`), so no GEMM picks its reduction split from M;
+batch_invariant_mode: megatron-core's own batch-invariant kernels (Triton, GPU; `compat.batch_invariant_mode`)."""
 EMULATIONS = ("splitk", "splitk_bf16", "atomics")
 """splitk: expert GEMMs split K by a GPU-like heuristic on M, fp32 partials reduced in fp32 (cuBLAS's usual scheme);
 splitk_bf16: the same, partials reduced in the output dtype (cuBLASLt output-type reduction: many more flipped bits);
@@ -352,4 +353,8 @@ def toggles(layer, *, remedy: str = "none", emulation: str = "none", tile: int =
             stack.enter_context(deterministic())
         if "no_splitk" in rem:
             stack.enter_context(no_splitk())
+        if "batch_invariant_mode" in rem:
+            from ..engine import compat
+
+            stack.enter_context(compat.batch_invariant_mode())
         yield

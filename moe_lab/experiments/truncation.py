@@ -87,6 +87,8 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
     if "no_splitk" in rem and not splitk_control_available():
         return {**row, "available": False,
                 "reason": f"torch {torch.__version__} cannot forbid cuBLAS split-K (needs >= 2.10)"}
+    if "batch_invariant_mode" in rem and compat.batch_invariant_available():
+        return {**row, "available": False, "reason": compat.batch_invariant_available()}
     masks = (full_mask, cut_mask) if "padding_mask" in rem else (None, None)
     tile = case.get("tile") or 128
 
@@ -213,14 +215,22 @@ def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int
 
 
 def on_engine(payload: dict):
-    """Engine side of every 04 case, by kind."""
+    """Engine side of every 04 case, by kind. A remedy that cannot run with this layer (megatron's batch-invariant
+    Triton matmul has no fp64 configuration: the fp64 router fails) is a finding: the case says so."""
+    import torch.distributed as tdist
+
     kind, kn, cut = payload["kind"], payload["knobs"], payload["cut"]
     if kind == "routing":
         return engine_routing(payload["moe"], cut=cut)
     if kind == "kernel":
         return engine_kernel(payload["moe"], ms=kn["ms"], states=kn["states"], cut=cut)
-    return engine_case(payload["moe"], {k: kn[k] for k in ("emulation", "remedy", "tile")}, cut=cut,
-                       rounds=kn.get("rounds", 7), trials=kn.get("trials", 1))
+    case = {k: kn[k] for k in ("emulation", "remedy", "tile")}
+    try:
+        return engine_case(payload["moe"], case, cut=cut, rounds=kn.get("rounds", 7), trials=kn.get("trials", 1))
+    except (KeyError, RuntimeError, NotImplementedError, AssertionError) as e:
+        if "batch_invariant_mode" not in case["remedy"]:
+            raise
+        return {"rank": tdist.get_rank(), **case, "available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
 
 
 # ============================================================================================= controller side
@@ -289,11 +299,13 @@ def cases(params: dict, *, router_dtype: str = "fp64", emulations=None, remedies
     cfgs = [profiles.base_moe(params, dispatcher=d, router_dtype=router_dtype) for d in params["dispatchers"]]
     c0 = cfgs[0]
     auto = auto_tile(c0.seq_len, world, c0.topk, c0.num_experts)
-    plan_ = plan(device, emulations=emulations, remedies=remedies, tiles=tiles, auto=auto)
+    plan_ = plan(device, emulations=emulations, remedies=remedies or params.get("truncation_remedies"),
+                 tiles=tiles or params.get("truncation_tiles"), auto=auto)
     rounds = rounds or profiles.cost_rounds(params, default_gpu=15, default_cpu=7)
     trials = profiles.trials(params)
-    if workspaces is None:
-        workspaces = [None, WORKSPACE[1]] if device == "cuda" else [None]
+    if workspaces is None:  # both workspace settings at the largest world the notebook runs (GPU); else unset
+        biggest = max((e or profiles.cluster_config(params).engines) for e in profiles.truncation_engines(params))
+        workspaces = [None, WORKSPACE[1]] if device == "cuda" and world == biggest else [None]
     release = profiles.release(params)
     out = []
     for ws in workspaces:

@@ -26,6 +26,9 @@ JOB_LINES = {
                         "(moe_lab.experiments.remedies.ordered_combine; no megatron option)"],
     "tiled_experts": ["# run every expert GEMM on fixed-size row tiles (moe_lab.experiments.remedies.tiled_experts)"],
     "padding_mask": ["moe_layer(hidden_states, padding_mask=mask)  # megatron's MoE padding mask"],
+    "batch_invariant_mode": ["from megatron.core.transformer.custom_layers.batch_invariant_kernels import "
+                             "set_batch_invariant_mode",
+                             "with set_batch_invariant_mode(True): ...  # Triton kernels for aten::mm/addmm (GPU)"],
 }
 
 
