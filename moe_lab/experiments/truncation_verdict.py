@@ -188,6 +188,10 @@ def verdict(records: list[dict]) -> str:
             lines.append("  alone: " + "; ".join(effects) + ".")
         if any(not _holds(r) for r in plain):
             lines.append("  " + _cheapest_text(ranking(sub), r0["device"], sub[0]["emulated"]) + ".")
+        na = {rem_label(r["remedy"], r.get("tile")): r["reason"] for r in records
+              if r.get("kind") == "case" and r.get("available") is False and _key(r) == key}
+        if na:
+            lines.append("  not run here: " + "; ".join(f"{k} ({v})" for k, v in na.items()) + ".")
     real = [r for r in cases if not r["emulated"] and r["remedy"] == "none"]
     if real and all(r["truncation"]["bitwise_equal"] for r in real):
         lines.append("Verdict: the real layer passes the truncation test bitwise in every trial here"
