@@ -30,6 +30,8 @@ def code_version() -> dict:
         h.update(f.relative_to(PACKAGE).as_posix().encode())
         h.update(f.read_bytes())
     out = {"moe_lab": __version__, "source_sha": h.hexdigest()[:16], "commit": None, "dirty": None}
+    if os.environ.get("MOE_LAB_COMMIT"):  # set by whoever copied the tree to a machine without its git history
+        return {**out, "commit": os.environ["MOE_LAB_COMMIT"], "dirty": None}
     root = PACKAGE.parent
     try:
         out["commit"] = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
@@ -80,9 +82,12 @@ def cuda_libraries() -> dict:
             break
         except importlib.metadata.PackageNotFoundError:
             continue
-    try:
-        out["driver"] = Path("/proc/driver/nvidia/version").read_text().split("Kernel Module", 1)[1].split()[0]
-    except (OSError, IndexError):
+    try:  # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+        import re
+
+        m = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", Path("/proc/driver/nvidia/version").read_text())
+        out["driver"] = m.group(1) if m else None
+    except OSError:
         pass
     return out
 

@@ -40,3 +40,16 @@ def test_a_cost_inside_the_noise_floor_is_not_measurable():
     assert stats.describe({"ratio": 1.03, "ci": [0.99, 1.08]}, floor) == "1.03x (95 % CI 0.99–1.08), no measurable cost"
     assert stats.describe({"ratio": 1.9, "ci": [1.8, 2.1]}, floor) == "1.90x (95 % CI 1.80–2.10)"
     assert stats.describe(None) == "n/a"
+
+
+def test_driver_version_is_read_from_the_kernel_module_line(tmp_path, monkeypatch):
+    """The report header's driver (a parse that once read 'for' from 'Kernel Module for x86_64 580.159.04')."""
+    from pathlib import Path
+
+    from moe_lab import provenance
+
+    line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder)  Sun Oct 12"
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: line if str(self) == "/proc/driver/nvidia/version"
+                        else real(self, *a, **k))
+    assert provenance.cuda_libraries()["driver"] == "580.159.04"
