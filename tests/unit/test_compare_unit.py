@@ -1,0 +1,31 @@
+"""Holding one placement against another (#17): verdicts and magnitudes per case, and why they may differ."""
+
+from moe_lab.reporting import compare
+
+
+def c(n, trials=5, n_differ=None):
+    n_differ = (trials if n else 0) if n_differ is None else n_differ
+    return {"numel": 1000, "n_mismatch": n, "mismatch_frac": n / 1000, "bitwise_equal": n == 0, "trials": trials,
+            "n_differ": n_differ}
+
+
+def rec01(place, d, r, cross, rerun):
+    return dict(notebook="01", dispatcher=d, router_dtype=r, cross_rank=c(cross), rerun=c(rerun), truncation=c(0),
+                world=4, placement=place, backend="nccl" if place == "one rank per GPU" else "gloo")
+
+
+def test_verdicts_and_magnitudes_per_case():
+    nccl = [rec01("one rank per GPU", "allgather", "none", 300, 0), rec01("one rank per GPU", "alltoall", "none", 2, 2)]
+    virt = [rec01("4 ranks share each GPU (virtual EP)", "allgather", "none", 320, 0),
+            rec01("4 ranks share each GPU (virtual EP)", "alltoall", "none", 9, 0)]
+    rows = {r["case"]: r for r in compare.compare(nccl, virt)}
+    assert rows["allgather/router none"]["agree"] and rows["allgather/router none"]["within_factor"]
+    a2a = rows["alltoall/router none"]
+    assert not a2a["agree"] and a2a["a"].startswith("nondeterminism") and a2a["b"].startswith("ep")
+    assert not a2a["within_factor"] and "NCCL's own reduction order" in a2a["why"]
+    s = compare.summary(nccl, virt)
+    assert "verdicts agree in 1 of 2" in s and "B: 4 ranks, 4 ranks share each GPU (virtual EP), gloo" in s
+
+
+def test_no_common_case():
+    assert compare.summary([], []) == "No case is in both record sets."
