@@ -273,6 +273,13 @@ def _write_traceback(a, exc: BaseException) -> str:
         return ""
 
 
+def _print_traceback(exc: BaseException) -> None:
+    import traceback
+
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def main(argv=None) -> int:
     from ..controller.diagnosis import ClusterError
     from ..reporting.results import ResultsFileError
@@ -288,14 +295,14 @@ def main(argv=None) -> int:
     try:
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched
-        if a.debug:
-            raise
+        if a.debug:  # the traceback too; the exit code stays the contract's
+            _print_traceback(e)
         print(f"moe-lab {a.cmd}: error: {e}", file=sys.stderr)
         return EXIT_INPUT
     except ClusterError as e:  # a cluster fault: one line naming the rank and what happened; the traceback is logged
         where = _write_traceback(a, e)
         if a.debug:
-            raise
+            _print_traceback(e)
         print(f"moe-lab {a.cmd}: cluster fault: {e}" + (f" (traceback: {where})" if where else ""), file=sys.stderr)
         return EXIT_FAULT
     except KeyboardInterrupt as e:

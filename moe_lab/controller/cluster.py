@@ -235,6 +235,10 @@ class Cluster:
         Whatever happens, no process of this cluster outlives it: leftovers are killed.
         """
         t0 = time.perf_counter()
+        # Every engine/controller process there is now (not the watchdog): what Ctrl-C's line counts as stopped,
+        # including those ipyparallel ends itself (schedulers, nannies), not only the ones killed below (#16).
+        running = processes.cluster_processes(self._profile_dir, exclude=(self._reaper.pid,) if self._reaper else ()) \
+            if self._profile_dir else []
         if graceful and self.client is not None and self.engine_ids:
             self._teardown_engines()
         elif self._profile_dir:
@@ -256,6 +260,7 @@ class Cluster:
             if left:
                 logger.info("killed %d leftover process(es) of the cluster: %s", len(left), left)
             shutil.rmtree(self._profile_dir, ignore_errors=True)
+            processes.note_stopped(p.pid for p in running)
         if self._reaper is not None:  # nothing left to watch; wait for it so no zombie stays behind
             self._reaper.terminate()
             self._reaper.wait()
@@ -357,8 +362,23 @@ class Cluster:
                     dead[rank] = self._exit_status(proc["pid"]) or how
                     continue
             if eid not in registered:
-                dead[rank] = "unregistered from the controller"
+                # An engine's nanny tells the hub as soon as the engine's pipe closes, while the kernel is still
+                # ending the process: wait for it to end, so the report carries its signal or exit code (#16).
+                if proc and proc["node"] == here and self._wait_gone(proc["pid"]):
+                    dead[rank] = self._exit_status(proc["pid"]) or processes.pid_gone(proc["pid"]) or "process gone"
+                else:
+                    dead[rank] = "unregistered from the controller"
         return dead
+
+    @staticmethod
+    def _wait_gone(pid: int, wait_s: float = 2.0) -> bool:
+        """True once `pid` has ended (within `wait_s`); False if it still runs."""
+        deadline = time.monotonic() + wait_s
+        while processes.pid_gone(pid) is None:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _exit_status(self, pid: int) -> str:
         """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it)."""

@@ -267,10 +267,11 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
     current, t0 = None, time.perf_counter()
     before = _children()
     with _signals_as_interrupt(), _run_lock(out_dir):
+        # the bar only once the lock is held: a refused second run prints its one line and nothing else (#16)
+        it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
             for num, src in it:
                 if tqdm:

@@ -37,6 +37,13 @@ def _cli(*args, timeout=120, **kw):
                           **kw)
 
 
+def _cmdline(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _lines(text: str) -> list[str]:
     return [ln for ln in text.strip().splitlines() if ln.strip()]
 
@@ -89,8 +96,9 @@ def test_a_corrupt_results_file_is_refused_in_one_line_and_left_as_it_was(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- cluster fault → exit 3
-# The probe, with its engine side replaced on the controller by a function that SIGKILLs rank 1 before the others'
-# all-reduce: the CLI's real path (cmd_probe → protocol → Cluster.run) meets a dead engine.
+# The probe of two cases (router dtype none, then fp32), its engine side replaced on the controller by a function
+# that runs the real probe for the first case and SIGKILLs rank 1 before the others' all-reduce in the second: the
+# CLI's real path (cmd_probe → protocol → Cluster.run) meets a dead engine after one finished record.
 DEAD_ENGINE_PROBE = textwrap.dedent("""
     import sys
 
@@ -101,36 +109,63 @@ DEAD_ENGINE_PROBE = textwrap.dedent("""
 
 
     @ipyparallel.interactive
-    def rank1_is_killed(payload):
+    def rank1_is_killed_in_the_fp32_case(payload):
         from moe_lab.engine import faults
+        from moe_lab.experiments import probe
 
-        return faults.kill_on(1)
+        if payload["moe"]["router_dtype"] == "fp32":
+            return faults.kill_on(1)
+        return probe.on_engine(payload)
 
 
-    probe.on_engine = rank1_is_killed
+    @ipyparallel.interactive
+    def rank1_hangs_in_the_fp32_case(payload):
+        from moe_lab.engine import faults
+        from moe_lab.experiments import probe
+
+        if payload["moe"]["router_dtype"] == "fp32":
+            return faults.sleep_on(1, 120)
+        return probe.on_engine(payload)
+
+
+    fault = sys.argv.pop(1)
+    probe.on_engine = {"kill": rank1_is_killed_in_the_fp32_case, "hang": rank1_hangs_in_the_fp32_case}[fault]
     sys.exit(cli.main(sys.argv[1:]))
 """)
 
 FAULT_LINE = re.compile(r"^moe-lab probe: cluster fault: rank 1 \(engine (\d+), pid (\d+)\) died during probe "
-                        r"allgather/none \(killed by SIGKILL\); the other engines were stopped")
+                        r"allgather/fp32 \(killed by SIGKILL\); the other engines were stopped")
 
 
-def _dead_engine_probe(tmp_path, *flags):
-    log = tmp_path / "error.log"
-    script = tmp_path / "dead_engine_probe.py"
+def _dead_engine_probe(tmp_path, *flags, fault="kill", timeout_s=60):
+    """Run it → (CompletedProcess, log file, seconds from the first case's record on stdout to the exit)."""
+    log, script, err = tmp_path / "error.log", tmp_path / "dead_engine_probe.py", tmp_path / "stderr.txt"
     script.write_text(DEAD_ENGINE_PROBE)
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, str(script), "--log", str(log), *flags, "probe", *SMALL, "--json",
-                        "--timeout", "60"], capture_output=True, text=True, timeout=400)
-    return r, log, time.monotonic() - t0
+    cmd = [sys.executable, str(script), fault, "--log", str(log), *flags, "probe", *SMALL, "--router-dtype",
+           "none,fp32", "--json", "--timeout", str(timeout_s)]
+    with open(err, "w") as stderr:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        try:
+            out = [p.stdout.readline()]  # the first case's record: the second case (the fault) starts now
+            t0 = time.monotonic()
+            out.append(p.stdout.read())
+            rc = p.wait(timeout=300)
+            dt = time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return subprocess.CompletedProcess(cmd, rc, "".join(out), err.read_text()), log, dt
 
 
 @pytest.mark.cluster
 def test_a_dead_engine_under_probe_is_one_line_exit_3_and_the_traceback_is_in_the_log(tmp_path):
-    """Rank 1's engine is SIGKILLed mid-probe: exit 3, one stderr line 'moe-lab probe: cluster fault: rank 1 (engine
-    E, pid P) died during ... (killed by SIGKILL)', no traceback on stderr; the log file has the traceback."""
+    """Rank 1's engine is SIGKILLed in the probe's second case: exit 3, one stderr line 'moe-lab probe: cluster fault:
+    rank 1 (engine E, pid P) died during probe allgather/fp32 (killed by SIGKILL)', no traceback on stderr; the log
+    file has the traceback; the first case's record is kept (its JSON line on stdout); no process of it is left."""
+    before = {p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmdline(p))}
     r, log, dt = _dead_engine_probe(tmp_path)
-    print(f"TIME probe, engine of rank 1 SIGKILLed → exit 3 (incl. start): {dt:.1f} s\n{r.stderr}")
+    print(f"TIME probe, engine of rank 1 SIGKILLed → exit 3: {dt:.1f} s after the first record\n{r.stderr}")
     assert r.returncode == 3, r.stderr[-3000:]
     faults_lines = [ln for ln in _lines(r.stderr) if ln.startswith("moe-lab probe:")]
     assert len(faults_lines) == 1, r.stderr
@@ -140,18 +175,42 @@ def test_a_dead_engine_under_probe_is_one_line_exit_3_and_the_traceback_is_in_th
     logged = log.read_text()
     assert "moe-lab probe" in logged and "Traceback (most recent call last)" in logged
     assert "ClusterError: rank 1 (engine" in logged
+    records = [json.loads(ln) for ln in r.stdout.splitlines() if ln.strip()]
+    assert [(x["dispatcher"], x["router_dtype"]) for x in records] == [("allgather", "none")]
+    left = [p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmdline(p)) and p.pid not in before]
+    assert left == []
 
 
 @pytest.mark.cluster
 def test_with_debug_the_dead_engine_traceback_is_shown_and_the_exit_code_is_still_3(tmp_path):
     """--debug adds the full traceback on stderr; the one line and exit 3 stay (scripts can rely on the code)."""
     r, log, dt = _dead_engine_probe(tmp_path, "--debug")
-    print(f"TIME probe --debug, engine of rank 1 SIGKILLed → exit 3: {dt:.1f} s")
+    print(f"TIME probe --debug, engine of rank 1 SIGKILLed → exit 3: {dt:.1f} s after the first record")
     assert r.returncode == 3, r.stderr[-3000:]
     assert "Traceback (most recent call last)" in r.stderr
     assert "moe_lab.controller.diagnosis.ClusterError: rank 1 (engine" in r.stderr
     assert FAULT_LINE.match(_lines(r.stderr)[-1]), r.stderr[-2000:]
     assert "Traceback (most recent call last)" in log.read_text()
+
+
+@pytest.mark.cluster
+def test_a_hung_collective_under_probe_is_one_line_naming_the_busy_rank_and_exit_3(tmp_path):
+    """Rank 1 sleeps in the probe's second case while rank 0 waits in the all-reduce (--timeout 8, the process-group
+    timeout too): exit 3 within the timeout + 5 s, one stderr line naming rank 1 (engine, pid) as the cause and where
+    it is, never rank 0; no traceback on stderr; the first case's record is kept."""
+    r, log, dt = _dead_engine_probe(tmp_path, fault="hang", timeout_s=8)
+    print(f"TIME probe, rank 1 hangs before the all-reduce (timeout 8 s) → exit 3: {dt:.1f} s after the first "
+          f"record\n{r.stderr}")
+    assert r.returncode == 3, r.stderr[-3000:]
+    lines = [ln for ln in _lines(r.stderr) if ln.startswith("moe-lab probe:")]
+    assert len(lines) == 1, r.stderr
+    assert re.match(r"^moe-lab probe: cluster fault: probe allgather/fp32: collective all_reduce in _all_reduce at "
+                    r"faults.py:\d+ failed on rank\(s\) \[0\] after [\d.]+ s \(RuntimeError: .*Timed out waiting", lines[0])
+    assert re.search(r"the cause: rank\(s\) \[1\] did not join it \(rank 1 is still busy in sleep_on at faults.py:\d+ "
+                     r"\(engine \d+, pid \d+\)\)", lines[0]), lines[0]
+    assert "Traceback" not in r.stderr and "Traceback (most recent call last)" in log.read_text()
+    assert [json.loads(ln)["router_dtype"] for ln in r.stdout.splitlines() if ln.strip()] == ["none"]
+    assert dt < 8 + 5
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C → exit 130
@@ -212,7 +271,7 @@ RUN = ("import sys; from pathlib import Path; from moe_lab import cli; from moe_
 
 
 def _notebook_dir(nb_dir: Path) -> Path:
-    """One notebook that writes a record into results.json, then waits for `go` in the report dir (at most 120 s)."""
+    """One notebook that writes a record (of no real notebook) into results.json, then waits for `go` in the report dir (at most 120 s)."""
     import nbformat
 
     nb_dir.mkdir(parents=True)
@@ -223,7 +282,7 @@ def _notebook_dir(nb_dir: Path) -> Path:
                 nbformat.v4.new_code_cell(textwrap.dedent("""
                     import os, time
                     from moe_lab.reporting import results
-                    results.append(os.path.join(out_dir, "results.json"), [{"x": 1}], notebook="01")
+                    results.append(os.path.join(out_dir, "results.json"), [{"x": 1}], notebook="t")
                     t0 = time.monotonic()
                     while not os.path.exists(os.path.join(out_dir, "go")) and time.monotonic() - t0 < 120:
                         time.sleep(0.1)
@@ -266,7 +325,7 @@ def test_a_second_run_into_the_same_dir_refuses_in_one_line_and_report_files_are
             first.wait()
     rows = json.loads((out / "index.json").read_text())["notebooks"]
     assert [(r["notebook"], r["status"], r["verdict"]) for r in rows] == [("01", "ok", "first run done")]
-    assert json.loads((out / "results.json").read_text()) == [{"notebook": "01", "x": 1}]
+    assert json.loads((out / "results.json").read_text()) == [{"notebook": "t", "x": 1}]
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.is_file() and p.name != "go"}
     assert {"results.json", "index.html", "index.json", "01_wait.ipynb", "01_wait.html"} <= set(modes)
     assert set(modes.values()) == {"0o644"}, modes
