@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--megatron", default="0.16.1", help="comma list of megatron-core releases")
     w.add_argument("--jupyterlab", action="store_true", help="also JupyterLab (interactive nodes)")
 
+    cmp = sub.add_parser("compare", help="hold one report's findings against another's (e.g. one rank per GPU over "
+                                         "NCCL vs the same EP as virtual EP on one GPU): verdicts and magnitudes")
+    cmp.add_argument("a", help="results.json (or its report directory) of placement A")
+    cmp.add_argument("b", help="results.json (or its report directory) of placement B")
+    cmp.add_argument("--factor", type=float, default=2.0, help="magnitudes agree within this factor (default 2)")
+
     from . import bench
 
     b = sub.add_parser("bench", help="the warm lab against one fresh spawn per config: ready time, sweep, capture "
@@ -241,6 +247,21 @@ def cmd_wheelhouse(a) -> int:
     return 0
 
 
+def cmd_compare(a) -> int:
+    from ..experiments import protocol
+    from ..reporting import compare, results
+
+    def load(p):
+        path = Path(p)
+        path = path / "results.json" if path.is_dir() else path
+        if not path.is_file():
+            raise ValueError(f"{p}: no results.json there")
+        return protocol.latest(results.load(path), path.parent)
+
+    print(compare.summary(load(a.a), load(a.b), factor=a.factor))
+    return 0
+
+
 def cmd_bench(a) -> int:
     from . import bench
 
@@ -291,7 +312,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("megatron").setLevel(logging.DEBUG if debug else logging.WARNING)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
-               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale}[a.cmd]
+               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare}[a.cmd]
     try:
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched

@@ -29,3 +29,17 @@ def test_verdicts_and_magnitudes_per_case():
 
 def test_no_common_case():
     assert compare.summary([], []) == "No case is in both record sets."
+
+
+def test_cli_compare(tmp_path, capsys):
+    import json
+
+    from moe_lab import cli
+
+    for name, cross in (("a", 300), ("b", 310)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps([rec01("one rank per GPU", "allgather", "none", cross, 0)]))
+    assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b" / "results.json")]) == 0
+    assert "verdicts agree in 1 of 1; mismatch magnitudes within 2x in 1 of 1" in capsys.readouterr().out
+    assert cli.main(["compare", str(tmp_path / "nothing"), str(tmp_path / "b")]) == 2
