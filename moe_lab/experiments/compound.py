@@ -23,6 +23,7 @@ import logging
 from .. import metrics, stats
 from ..config import MEGATRON_OPTIONS
 from .labels import FWD_CMPS, GRAD_CMPS
+from . import protocol
 from .protocol import Case
 
 logger = logging.getLogger(__name__)
@@ -83,14 +84,7 @@ def cases(params: dict, *, settings=None, depth_settings=("plain", "router fp32"
     return out
 
 
-def not_applicable(case: Case, version: str) -> str | None:
-    from ..engine import compat
-
-    try:
-        compat.check_config(case.moe, version)
-    except ValueError as e:
-        return str(e)
-    return None
+not_applicable = protocol.not_applicable_in_release  # a setting the release lacks: a record that says so
 
 
 # ---------------------------------------------------------------------------------------------- engine side

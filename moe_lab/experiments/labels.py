@@ -27,6 +27,19 @@ def describe_cmp(c: dict) -> str:
     return text + (f", in {c['n_differ']} of {trials} trials" if trials > 1 else "")
 
 
+def attribution(cross: dict, rerun: dict) -> str:
+    """Why ranks differ (#14's rule), from a cross-rank and a rerun comparison over trials: 'equal', 'ep' (the ranks
+    differ in every trial and a rerun never does), 'nondeterminism' (reruns differ too), 'mixed' (ranks differ in
+    some trials only, reruns never), 'n/a' (one rank)."""
+    if not cross.get("applicable", True):
+        return "n/a"
+    if cross["bitwise_equal"]:
+        return "equal"
+    if cross.get("n_differ", 1) == cross.get("trials", 1) and rerun["bitwise_equal"]:
+        return "ep"
+    return "nondeterminism" if not rerun["bitwise_equal"] else "mixed"
+
+
 def placement_note(rec: dict) -> str:
     """Where the ranks ran, in words, and — for virtual EP — what it shows and what it cannot (every report says it)."""
     where = (f"{rec['world']} rank(s), {rec.get('placement') or rec.get('device')}, backend {rec.get('backend')}"
@@ -48,4 +61,4 @@ GRAD_CMPS = ("cross_dx", "rerun_dx", "truncation_dx", "cross_router_grad", "reru
              "truncation_router_grad", "experts_rerun", "experts_truncation")
 
 
-__all__ = ["label", "rem_label", "describe_cmp", "placement_note", "FWD_CMPS", "GRAD_CMPS"]
+__all__ = ["label", "rem_label", "describe_cmp", "attribution", "placement_note", "FWD_CMPS", "GRAD_CMPS"]

@@ -13,6 +13,7 @@ import logging
 
 from .. import stats
 from . import localise, probe
+from . import protocol
 from .protocol import Case
 
 logger = logging.getLogger(__name__)
@@ -48,15 +49,7 @@ def cases(params: dict) -> list[Case]:
     return out
 
 
-def not_applicable(case: Case, version: str) -> str | None:
-    """A setting the release lacks (a router dtype before 0.12): the cell's record says so (shown as n/a)."""
-    from ..engine import compat
-
-    try:
-        compat.check_config(case.moe, version)
-    except ValueError as e:
-        return str(e)
-    return None
+not_applicable = protocol.not_applicable_in_release  # a setting the release lacks: a record that says so
 
 
 # ---------------------------------------------------------------------------------------------- engine side

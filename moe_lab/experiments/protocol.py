@@ -83,6 +83,18 @@ def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> N
         raise ValueError(f"cut ({cut!r}) must be an integer in 1..seq_len-1 ({cfg.seq_len - 1})")
 
 
+def not_applicable_in_release(case: Case, version: str) -> str | None:
+    """An experiment's `not_applicable` when a setting the release lacks (a router dtype before 0.12, an option
+    before its release) should give a record that says so (shown as n/a) rather than stop the run."""
+    from ..engine import compat
+
+    try:
+        compat.check_config(case.moe, version)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def release_version(release: str) -> str:
     from ..engine import compat
 

@@ -8,6 +8,7 @@ run-to-run nondeterministic; anything in between is reported as what it is (k of
 from __future__ import annotations
 
 from . import probe
+from . import labels
 from .labels import describe_cmp
 from .probe import on_engine  # noqa: F401 - the engine side of 01 is the probe's
 
@@ -29,18 +30,8 @@ def records(case, per_rank):
 
 
 def attribution(rec: dict) -> str:
-    """'equal' | 'ep' | 'nondeterminism' | 'mixed' | 'n/a' for one record's cross-rank comparison."""
-    c, rr = rec["cross_rank"], rec["rerun"]
-    if not c.get("applicable", True):
-        return "n/a"
-    trials = c.get("trials", 1)
-    if c["bitwise_equal"]:
-        return "equal"
-    if c.get("n_differ", 1) == trials and rr["bitwise_equal"]:
-        return "ep"
-    if not rr["bitwise_equal"]:
-        return "nondeterminism"
-    return "mixed"
+    """'equal' | 'ep' | 'nondeterminism' | 'mixed' | 'n/a' for one record's cross-rank comparison (labels.attribution)."""
+    return labels.attribution(rec["cross_rank"], rec["rerun"])
 
 
 def where(rec: dict) -> str:

@@ -13,14 +13,7 @@ FACTOR = 2.0
 
 
 def _attr(r: dict) -> str:
-    c, rr = r["cross_rank"], r["rerun"]
-    if not c.get("applicable", True):
-        return "n/a"
-    if c["bitwise_equal"]:
-        return "equal"
-    if c.get("n_differ", 1) == c.get("trials", 1) and rr["bitwise_equal"]:
-        return "ep"
-    return "nondeterminism" if not rr["bitwise_equal"] else "mixed"
+    return labels.attribution(r["cross_rank"], r["rerun"])
 
 
 def _within(a: float, b: float, factor: float = FACTOR) -> bool:

@@ -44,13 +44,9 @@ def _vt(v: str):
 
 
 def _attr(cross: dict, rerun: dict) -> str:
-    if not cross.get("applicable", True):
-        return "n/a"
-    if cross["bitwise_equal"]:
-        return "no"
-    if cross.get("n_differ", 1) == cross.get("trials", 1) and rerun["bitwise_equal"]:
-        return "EP order"
-    return "nondeterminism" if not rerun["bitwise_equal"] else "mixed"
+    from ..experiments.labels import attribution
+
+    return {"equal": "no", "ep": "EP order"}.get(attribution(cross, rerun), attribution(cross, rerun))
 
 
 def _trials(c: dict) -> str:
