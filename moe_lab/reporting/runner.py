@@ -210,7 +210,8 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
     except results.ResultsFileError:
         records = []
     for r in rows:
-        r["finding"], r["headline"] = summary.headline(r["notebook"], records) if r["status"] == "ok" else ("n/a", "")
+        r["finding"], r["headline"] = _guarded(summary.headline, ("n/a", "(its records could not be summarised)"),
+                                               r["notebook"], records) if r["status"] == "ok" else ("n/a", "")
     trs = []
     for r in rows:
         ok = r["status"] == "ok"
@@ -222,7 +223,7 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
                    f"<td>{state} ({r['seconds']:.0f} s)</td><td>{summary._st(r['finding'])} "
                    f"{html.escape(r['headline'])}<details><summary>verdict</summary><pre>{detail}</pre></details></td>"
                    f"<td>{links}</td></tr>")
-    cards = summary.cards(records)
+    cards = _guarded(summary.cards, [], records)
     title = f"moe_lab report — {meta.get('profile', '')}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{summary._CSS}</style></head><body><h1>{html.escape(title)}</h1>
@@ -232,7 +233,7 @@ machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every state
 <h2>The answer, per release and dispatcher</h2>{summary.render_cards(cards) if cards else "<p>(no records yet)</p>"}
 <h2>Notebooks</h2><table><tr><th>#</th><th>question</th><th>run</th><th>finding</th><th>HTML</th></tr>
 {''.join(trs)}</table>
-<h2>Where these numbers come from</h2>{summary.render_provenance(summary.provenance(records))}
+<h2>Where these numbers come from</h2>{summary.render_provenance(_guarded(summary.provenance, {}, records))}
 <p><small>generated {html.escape(str(meta.get('date', '')))} by moe-lab run, profile {html.escape(str(meta.get('profile')))}
 </small></p></body></html>"""
     p = out_dir / "index.html"
@@ -297,6 +298,16 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     failed = [r["file"] for r in rows if r["status"] != "ok"]
     logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
     return 1 if failed else 0
+
+
+def _guarded(fn, fallback, *args):
+    """The index must render whatever the records hold (a notebook of one's own, an older record layout): a summary
+    that cannot read them is logged and left out, never a failed report."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001
+        logger.warning("index: %s could not summarise the records (%s: %s)", fn.__name__, type(e).__name__, e)
+        return fallback
 
 
 def default_name(profile: str, ccfg) -> str:
