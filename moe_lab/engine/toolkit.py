@@ -105,7 +105,7 @@ def compare_across_ranks(tensors: dict[str, torch.Tensor], *, detail: tuple[str,
         fps = [e[name][0] for e in everyone]
         res: dict = {"fingerprints": fps, "pairs": {}}
         if len(set(fps)) == 1:
-            zero = compare_any(t, t)
+            zero = metrics.identical(t) if t.is_floating_point() else compare_any(t, t)
             res["pairs"] = {f"0-{r}": dict(zero) for r in range(1, n)}
             if name in detail:
                 res.update(_detail_equal(t, n))
@@ -160,7 +160,8 @@ def compare_parts(parts: list[torch.Tensor]) -> dict:
     fps = [metrics.fingerprint(p) for p in parts]
     worst, worst_c = None, 0
     for c in range(1, len(parts)):
-        cmp = compare_any(base, base) if fps[c] == fps[0] else compare_any(base.cpu(), parts[c].cpu())
+        cmp = ((metrics.identical(base) if base.is_floating_point() else compare_any(base, base)) if fps[c] == fps[0]
+               else compare_any(base.cpu(), parts[c].cpu()))
         if worst is None or (cmp["mismatch_frac"], cmp["max_ulp"]) > (worst["mismatch_frac"], worst["max_ulp"]):
             worst, worst_c = cmp, c
     return {**(worst or compare_any(base, base)), "worst_copy": worst_c}

@@ -745,3 +745,10 @@ def test_fingerprint_keeps_no_size_dependent_state():
 def test_fingerprint_bad_chunk(chunk):
     with pytest.raises(ValueError, match="chunk"):
         metrics.fingerprint(torch.zeros(3, dtype=BF16), chunk=chunk)
+
+
+@pytest.mark.parametrize("t", [torch.randn(257).to(torch.bfloat16), torch.tensor([1.0, float("nan"), float("inf"), -0.0]),
+                               torch.randn(7, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.float16)])
+def test_identical_is_compare_of_a_tensor_with_itself(t):
+    """The fast path used once fingerprints match must give exactly what the full comparison would."""
+    assert metrics.identical(t) == metrics.compare(t, t)
