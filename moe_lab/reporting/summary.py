@@ -198,11 +198,13 @@ def headline(nb: str, records: list[dict]) -> tuple[str, str]:
         back = [r for r in recs if r.get("kind") == "backward" and r.get("available")]
         plain = [r for r in back if r["setting"] == "plain"]
         bad = sorted({r["dispatcher"] for r in plain if not compound.grads_agree(r)})
-        fixed = sorted({r["setting"] for r in back if r["dispatcher"] in bad and compound.grads_agree(r)})
         if not bad:
             return "PASS", "gradients bitwise equal across ranks, reruns and truncation (plain)"
-        return "FAIL", (f"gradients differ for {', '.join(bad)} (plain)"
-                        + (f"; all agree with {', '.join(fixed)}" if fixed else "; no setting makes all agree"))
+        fixes = []
+        for d in bad:
+            ok = [r["setting"] for r in back if r["dispatcher"] == d and compound.grads_agree(r)]
+            fixes.append(f"{d}: " + (f"every gradient agrees with {', '.join(ok)}" if ok else "no setting makes all agree"))
+        return "FAIL", f"gradients differ for {', '.join(bad)} (plain); " + "; ".join(fixes)
     return "n/a", f"{len(recs)} records"
 
 
