@@ -39,7 +39,7 @@ def comparison_kind(stage: str, dispatcher: str) -> str:
     return LOCAL
 
 
-def _tokens_per_expert(cache) -> list[int] | None:
+def tokens_per_expert(cache) -> list[int] | None:
     for name in ("dispatch.post.tokens_per_expert", "dispatch.permuted.tokens_per_expert"):
         if name in cache.tensors:
             return [int(x) for x in cache.tensors[name].reshape(-1).tolist()]
@@ -98,7 +98,7 @@ def _capture_and_compare(s) -> dict:
     with toolkit.deterministic(cfg.deterministic), probs_fp32_before_gather(s.layer, cfg.probs_fp32_gather):
         out, cache = capture.run_with_capture(s.layer, s.tokens, hidden=cfg.hidden, num_experts=cfg.num_experts)
         toolkit.sync()
-    res = compare_stages(cache.tensors, lambda name: comparison_kind(name, cfg.dispatcher), _tokens_per_expert(cache))
+    res = compare_stages(cache.tensors, lambda name: comparison_kind(name, cfg.dispatcher), tokens_per_expert(cache))
     res["ledger"] = cache.ledger
     return res
 
@@ -139,8 +139,6 @@ def compare_stages(tensors: dict, kind_of, tpe: list[int] | None) -> dict:
     return res
 
 
-def tokens_per_expert(cache) -> list[int] | None:
-    return _tokens_per_expert(cache)
 
 
 # ---------------------------------------------------------------------------------------------- controller side

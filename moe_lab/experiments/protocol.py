@@ -326,10 +326,5 @@ def progress_bar(items: Iterable, desc: str):
     return tqdm(items, desc=desc)
 
 
-def load_records(path: str | os.PathLike, experiment: str | None = None) -> list[dict]:
-    """Records of `path` (of one experiment if given)."""
-    return [r for r in results_file.load(Path(path)) if experiment is None or r.get("experiment") == experiment]
-
-
 __all__ = ["Case", "run", "measure", "latest", "note_run", "check_case", "check_all", "case_key", "key_fields", "environment",
            "release_path", "release_version", "progress_bar", "INSTALLED"]
