@@ -44,3 +44,13 @@ def test_notebooks_are_committed_without_outputs():
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None, f"{p.name} has outputs"
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells), f"{p.name}: no parameters cell"
+
+
+def test_every_subpackage_is_a_package_an_install_keeps():
+    """A folder of modules without __init__.py works from a checkout but is left out of a wheel (find_packages)."""
+    from setuptools import find_packages
+
+    found = set(find_packages(str(ROOT), include=["moe_lab*"]))
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "moe_lab").rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert folders <= found, f"not packages (add __init__.py): {sorted(folders - found)}"

@@ -1,0 +1,1 @@
+"""One module per notebook question on one protocol (cases → engine function → records → verdict), and the remedies."""
