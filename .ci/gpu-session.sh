@@ -4,6 +4,8 @@
 # Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
 # STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, report:NN[+NN...], bench, capture
 #        (default: pytest,probe). Other megatron-core releases for notebook 03 come from .whl/releases.
+# REPORT_DIR: where report steps write (default OUTDIR/report; a report folder of the tree continues it);
+# it is packed into OUTDIR/report.tgz at the end (one file to bring back). MOE_LAB_COMMIT: the commit of the tree.
 set -uo pipefail
 OUT=${1:?output dir}; STEPS=${2:-pytest,probe}
 mkdir -p "$OUT"
@@ -22,6 +24,7 @@ has pytest && { python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s --t
   | tee "$OUT/pytest_gpu.log" | tail -25; }
 has pytest-multi && { python3 -m pytest -m multigpu tests/gpu -q -p no:cacheprovider -s 2>&1 | quiet \
   | tee "$OUT/pytest_multigpu.log" | tail -15; }
+REPORT_DIR=${REPORT_DIR:-$OUT/report}
 SEED="--seed-report --dispatcher allgather,alltoall --router-dtype none,fp32,fp64 --json --timeout 600"
 if has probe; then
   start=$EPOCHREALTIME
@@ -34,7 +37,7 @@ for step in ${STEPS//,/ }; do
   if [[ $step == report:* ]]; then
     only=${step#report:}; only=${only//+/,}
     start=$(date +%s)
-    python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$OUT/report" -p wheels="$PWD/.whl/releases" \
+    python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$REPORT_DIR" -p wheels="$PWD/.whl/releases" \
       ${REPORT_ARGS:-} 2>&1 | quiet | tail -8
     echo "report $only: $(( $(date +%s) - start )) s"
   fi
@@ -43,4 +46,5 @@ has bench && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 
   --json "$OUT/bench_gpu.json" 2>&1 | quiet | tee "$OUT/bench_gpu.txt" | tail -30
 has capture && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 4 --capture-only "${CAPTURE_ROUNDS:-40}" \
   --json "$OUT/capture_gpu.json" 2>&1 | quiet | tee "$OUT/capture_gpu.txt" | tail -8
+[[ -d $REPORT_DIR ]] && tar czf "$OUT/report.tgz" -C "$(dirname "$REPORT_DIR")" "$(basename "$REPORT_DIR")"
 exit 0

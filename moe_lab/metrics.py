@@ -78,6 +78,11 @@ def compare(a: torch.Tensor, b: torch.Tensor, *, atol: float = 1e-3, rtol: float
 
     `allclose_1e3` is the seed report's `torch.allclose(atol=rtol=1e-3)`: shown for what it is, not a verdict.
     `assert_close` is `torch.testing.assert_close` with its dtype defaults (bf16: rtol 1.6e-2, atol 1e-5).
+
+    Only the elements whose bits differ are measured (the others are at 0 ULP, 0 error and close by every test), so
+    a comparison costs one pass over the tensors plus work on the differing elements: an expert's gradient of 67M
+    elements is compared in about a millisecond on a GPU when it is equal. The result is the same as measuring
+    every element (tests/unit/test_metrics.py holds it against that).
     """
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
@@ -87,27 +92,33 @@ def compare(a: torch.Tensor, b: torch.Tensor, *, atol: float = 1e-3, rtol: float
     n = a.numel()
     mism = bitwise_mismatch(a, b)
     n_mism = int(mism.sum())
-    ulp = ulp_distance(a, b)
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    abs_err = (a64 - b64).abs()
+    if n_mism == 0:
+        return identical(a)
+    flat = mism.reshape(-1)
+    sa, sb = a.contiguous().reshape(-1)[flat], b.contiguous().reshape(-1)[flat]
+    ulp = ulp_distance(sa, sb)
+    abs_err = (sa.to(torch.float64) - sb.to(torch.float64)).abs()
     finite = torch.isfinite(abs_err)
-    denom = torch.maximum(a64.abs(), b64.abs())
+    denom = torch.maximum(sa.to(torch.float64).abs(), sb.to(torch.float64).abs())
     rel_err = torch.where(denom > 0, abs_err / denom, torch.zeros_like(abs_err))
+    # assert_close fails on a NaN even where both tensors hold the same NaN (equal_nan=False): those are not in sa/sb
+    nan_where_equal = bool((torch.isnan(a) & ~mism).any())
     try:
-        torch.testing.assert_close(a, b)
-        assert_close_ok = True
+        torch.testing.assert_close(sa, sb)
+        assert_close_ok = not nan_where_equal
     except AssertionError:
         assert_close_ok = False
+    any_finite = bool(finite.any())
     return {
         "numel": n,
         "n_mismatch": n_mism,
-        "mismatch_frac": n_mism / n if n else 0.0,
-        "bitwise_equal": n_mism == 0,
-        "max_abs": float(abs_err[finite].max()) if bool(finite.any()) else 0.0,
-        "max_rel": float(rel_err[finite].max()) if bool(finite.any()) else 0.0,
-        "max_ulp": float(ulp.max()) if n else 0.0,
-        "mean_ulp": float(ulp[mism].mean()) if n_mism else 0.0,
-        "allclose_1e3": bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True)),
+        "mismatch_frac": n_mism / n,
+        "bitwise_equal": False,
+        "max_abs": float(abs_err[finite].max()) if any_finite else 0.0,
+        "max_rel": float(rel_err[finite].max()) if any_finite else 0.0,
+        "max_ulp": float(ulp.max()),
+        "mean_ulp": float(ulp.mean()),
+        "allclose_1e3": bool(torch.allclose(sa, sb, atol=atol, rtol=rtol, equal_nan=True)),
         "assert_close": assert_close_ok,
     }
 

@@ -11,6 +11,8 @@ forward of the full input, one more of the same input, and one of the truncated 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 
 from .. import metrics
 from ..config import MoEConfig
@@ -24,9 +26,10 @@ NOTEBOOK = ""
 COMPARISONS = ("cross_rank", "rerun", "truncation")
 
 
-def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 3,
+def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 0,
          experiment: str = NAME, release: str = "installed", deterministic_env: bool = False, **knobs) -> Case:
-    """A probe case: `trials` trials of the three comparisons, `repeats` timed forwards (0: not timed)."""
+    """A probe case: `trials` trials of the three comparisons. Its forward time is the median of the trials' own
+    full-input forwards (each finished on the device), or of `repeats` more forwards after them if repeats > 0."""
     for name, v, lo in (("trials", trials, 1), ("repeats", repeats, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ValueError(f"{name} ({v!r}) must be an integer >= {lo}")
@@ -36,7 +39,7 @@ def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False
                 label=f"{cfg.dispatcher}/{cfg.router_dtype}" + ("/det" if cfg.deterministic else ""))
 
 
-def run(cluster, cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 3,
+def run(cluster, cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 0,
         **knobs) -> dict:
     """One probe case on a running cluster → its record (the protocol's; nothing written to disk)."""
     from . import protocol
@@ -69,18 +72,21 @@ def on_engine(payload: dict) -> dict:
     trunc = s.truncated(cut)
     trials = []
     with toolkit.deterministic(s.cfg.deterministic), probs_fp32_before_gather(s.layer, s.cfg.probs_fp32_gather):
-        outs = []
+        outs, t_full = [], []
         for _ in range(kn.get("trials", 1)):
+            t0 = time.perf_counter()
             a = toolkit.forward(s.layer, s.tokens)
+            t1 = time.perf_counter()
             b = toolkit.forward(s.layer, s.tokens)
+            t_full += [t1 - t0, time.perf_counter() - t1]
             c = toolkit.forward(s.layer, trunc)
             t = {"rerun": metrics.compare(a, b), "truncation": metrics.compare(a[:cut], c[:cut])}
             if detail:
                 t["truncation_token_mismatch"] = toolkit.token_mismatch(a[:cut], c[:cut])
             trials.append(t)
             outs.append(a)
-        repeats = kn.get("repeats", 3)
-        t_fwd = toolkit.time_forward(s.layer, s.tokens, repeats) if repeats else None
+        repeats = kn.get("repeats", 0)
+        t_fwd = toolkit.time_forward(s.layer, s.tokens, repeats) if repeats else statistics.median(t_full)
     res = {"rank": toolkit.tdist.get_rank(), "trials": trials, "t_forward_s": t_fwd, "out_shape": list(outs[0].shape)}
     cross = [toolkit.compare_across_ranks({"out": o}) for o in outs]
     worst_t = 0

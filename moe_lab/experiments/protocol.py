@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -290,13 +291,16 @@ def latest(records: list[dict], out_dir: str | os.PathLike) -> list[dict]:
 
 
 def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str) -> list[dict]:
-    """One case on every rank → its records, stamped with the case, the environment and the key."""
+    """One case on every rank → its records, stamped with the case, the environment, the key and `case_wall_s`
+    (the case's wall time seen from the controller: payload out, every rank's work, results back)."""
+    t0 = time.perf_counter()
     per_rank = cluster.run(experiment.on_engine, case.payload(), what=f"{experiment.NAME} {case.label or case.kind}")
+    wall = round(time.perf_counter() - t0, 3)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = []
     for r in experiment.records(case, per_rank):
         out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), "label": case.label,
-                    "case_key": key, **r})
+                    "case_key": key, "case_wall_s": wall, **r})
     return out
 
 

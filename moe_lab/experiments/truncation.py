@@ -68,7 +68,8 @@ def one_ulp_fails_frac(x: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) 
 def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials: int = 1) -> dict:
     """One (remedy, emulation, tile) case: full vs truncated forward (first `cut` tokens) and a rerun, in `trials`
     trials, and `rounds` timed rounds, each a forward with the case's toggles and one without its remedy (same
-    emulation), back to back: the cost is read from paired rounds, so drift between cases does not enter it."""
+    emulation), back to back: the cost is read from paired rounds, so drift between cases does not enter it. The
+    timed forwards are also the trials' full-input forwards (two per trial)."""
     import torch.distributed as tdist
 
     from ..engine import compat, toolkit
@@ -108,15 +109,19 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
     outs: list = []
     times = toolkit.paired_rounds({"case": lambda: outs.append(with_remedy(tokens, masks[0])), "plain": plain},
                                   max(2, rounds), warmup=0)
-    out, o = outs[0], outs[-1]  # first and last timed forwards double as trial 1's rerun pair
-    per_trial = [(metrics.compare(out[:cut], out_t[:cut]), metrics.compare(out, o),
-                  toolkit.token_mismatch(out[:cut], out_t[:cut]))]
-    for _ in range(trials - 1):
-        a = with_remedy(tokens, masks[0])
-        c = with_remedy(trunc, masks[1])
-        b = with_remedy(tokens, masks[0])
+    # The timed full-input forwards double as the trials' rerun pairs, in order (trial t: forwards 2t and 2t+1);
+    # only a trial they do not cover runs its own. Each trial has its own truncated forward.
+    pool = iter(outs)
+    per_trial = []
+    for t in range(trials):
+        a = next(pool, None)
+        a = with_remedy(tokens, masks[0]) if a is None else a
+        c = out_t if t == 0 else with_remedy(trunc, masks[1])
+        b = next(pool, None)
+        b = with_remedy(tokens, masks[0]) if b is None else b
         per_trial.append((metrics.compare(a[:cut], c[:cut]), metrics.compare(a, b),
                           toolkit.token_mismatch(a[:cut], c[:cut])))
+    out = outs[0]
     worst_t = max(range(len(per_trial)), key=lambda i: per_trial[i][0]["n_mismatch"])
     a = out[:cut]
     return {**row, "truncation": [t[0] for t in per_trial], "rerun": [t[1] for t in per_trial],

@@ -26,7 +26,7 @@ What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local sp
   the same on every rank with tokens[cut:] = 0; zero tokens have all-zero logits and go to experts 0..topk-1, so the
   rank holding those experts gets EP x (seq - cut) x min(topk, local experts) rows — EP times the balanced load.
 - **the lab around the layer** (the probe, `experiments.probe.on_engine`, one trial): the input tokens, up to three kept outputs and the truncated
-  input, `metrics.compare` (75 B per compared element, int64/fp64 temporaries; pinned by a unit test with the
+  input, `metrics.compare` (up to 65 B per compared element when all differ, int64/fp64 temporaries; pinned by a unit test with the
   CPU allocator's profiler) and `metrics.fingerprint` (bounded: it hashes in chunks of 2**22 words on GPUs, 2**18 on
   CPU, 16 B per word of a chunk, + 8 on CPU; a fixed 1.06 MiB weight table per device stays). On GPUs the comparisons run on the device, so they
   count. With capture on (`capture.run_with_capture`) every stage output is cloned and kept.
@@ -58,8 +58,9 @@ DEFAULT_RESERVE_BYTES = 4 * GIB
 DEFAULT_TFLOPS = 600.0
 DEEPSEEK_V3_MOE_LAYERS = 58  # 61 layers, the first 3 dense (first_k_dense_replace=3)
 
-COMPARE_BYTES_PER_ELEMENT = 75
-"""`metrics.compare` peak, bytes per compared element (bf16): int64 ordered bits, fp64 copies, abs/rel errors."""
+COMPARE_BYTES_PER_ELEMENT = 65
+"""`metrics.compare` peak, bytes per compared element (bf16), when every element differs (its worst case: it measures
+only the differing ones): the mismatch mask, the gathered elements, int64 ordered bits, fp64 copies, abs/rel errors."""
 FINGERPRINT_CHUNK_WORDS = {"cuda": 1 << 22, "cpu": 1 << 18}
 """`metrics.FP_CHUNK` / `metrics.FP_CHUNK_CPU`: how many words `metrics.fingerprint` hashes at a time."""
 FINGERPRINT_BYTES_PER_WORD = {"cuda": 16, "cpu": 24}

@@ -282,6 +282,53 @@ def test_compare_identical_nans():
     assert r["assert_close"] is False
 
 
+def _compare_every_element(a, b, atol=1e-3, rtol=1e-3):
+    """The reference: every element measured (how `compare` worked before it measured only the differing ones)."""
+    n = a.numel()
+    mism = metrics.bitwise_mismatch(a, b)
+    n_mism = int(mism.sum())
+    ulp = metrics.ulp_distance(a, b)
+    a64, b64 = a.to(torch.float64), b.to(torch.float64)
+    abs_err = (a64 - b64).abs()
+    finite = torch.isfinite(abs_err)
+    denom = torch.maximum(a64.abs(), b64.abs())
+    rel_err = torch.where(denom > 0, abs_err / denom, torch.zeros_like(abs_err))
+    try:
+        torch.testing.assert_close(a, b)
+        ok = True
+    except AssertionError:
+        ok = False
+    return {"numel": n, "n_mismatch": n_mism, "mismatch_frac": n_mism / n if n else 0.0, "bitwise_equal": n_mism == 0,
+            "max_abs": float(abs_err[finite].max()) if bool(finite.any()) else 0.0,
+            "max_rel": float(rel_err[finite].max()) if bool(finite.any()) else 0.0,
+            "max_ulp": float(ulp.max()) if n else 0.0, "mean_ulp": float(ulp[mism].mean()) if n_mism else 0.0,
+            "allclose_1e3": bool(torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True)), "assert_close": ok}
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16, FP32, torch.float64])
+@pytest.mark.parametrize("frac", [0.0, 0.001, 0.3, 1.0])
+def test_compare_equals_measuring_every_element(dtype, frac):
+    """compare() measures only the differing elements; on random pairs with NaNs, infinities, signed zeros, tiny
+    and large perturbations and a non-contiguous view it gives exactly what measuring every element gives."""
+    g = torch.Generator().manual_seed(int(frac * 1000) + len(str(dtype)))
+    for trial in range(6):
+        a = (torch.randn(4000, generator=g) * 10 ** torch.randint(-3, 4, (4000,), generator=g)).to(dtype)
+        b = a.clone()
+        pick = torch.rand(4000, generator=g) < frac
+        noise = torch.randn(4000, generator=g).to(dtype) * (1e-2 if trial % 2 else 1e-5)
+        b[pick] = (a[pick].float() + noise[pick].float()).to(dtype)
+        if trial >= 2:  # specials, placed where both agree and where they differ
+            a[:8] = t([math.nan, math.inf, -math.inf, 0.0, -0.0, math.nan, 1.0, math.inf], dtype)
+            b[:8] = t([math.nan, math.inf, 1.0, -0.0, -0.0, 2.0, math.nan, -math.inf], dtype)
+        if trial == 3:  # differing elements 1 ULP apart (assert_close holds on them) and the same NaN in both
+            b = a.clone()  # elsewhere: assert_close must still fail, for the NaN alone
+            bits = b.view(metrics._FORMATS[dtype][0])
+            bits[pick] += 1
+            a[:8], b[:8] = t([math.nan] * 8, dtype), t([math.nan] * 8, dtype)
+        x, y = (a.view(40, 100).t(), b.view(40, 100).t()) if trial == 4 else (a, b)
+        assert metrics.compare(x, y) == _compare_every_element(x, y), (dtype, frac, trial)
+
+
 def test_compare_shape_mismatch_names_both():
     """Shape mismatch raises ValueError naming both shapes."""
     with pytest.raises(ValueError, match=r"\(2, 3\).*\(3, 2\)"):
