@@ -245,6 +245,9 @@ class Cluster:
             if self._profile_dir else []
         if graceful and self.client is not None and self.engine_ids:
             self._teardown_engines()
+            # Process groups are destroyed: nothing of the engines is needed any more, and ipyparallel's SIGTERM
+            # shutdown takes seconds per engine with torch loaded (7 s for 4 CPU engines): end them at once.
+            processes.kill_engines(self._profile_dir)
         elif self._profile_dir:
             # Busy engines (mid-collective, or in C code) ignore SIGTERM for ipyparallel's 5 s grace, one by one;
             # their state is lost anyway, so end them at once.

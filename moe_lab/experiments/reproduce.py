@@ -30,7 +30,8 @@ def records(case, per_rank):
 
 
 def attribution(rec: dict) -> str:
-    """'equal' | 'ep' | 'nondeterminism' | 'mixed' | 'n/a' for one record's cross-rank comparison (labels.attribution)."""
+    """'equal' | 'ep' | 'ep+nondeterminism' | 'nondeterminism' | 'mixed' | 'n/a' for one record's cross-rank
+    comparison (labels.attribution)."""
     return labels.attribution(rec["cross_rank"], rec["rerun"])
 
 
@@ -51,7 +52,7 @@ def verdict(records: list[dict]) -> str:
         kind = attribution(r)
         groups.setdefault(kind, []).append(name)
         line = f"- {name}: ranks {describe_cmp(c)}"
-        if kind in ("ep", "mixed", "nondeterminism"):
+        if kind in ("ep", "ep+nondeterminism", "mixed", "nondeterminism"):
             line += f"; allclose(1e-3) {'passes' if c['allclose_1e3'] else 'fails'}"
             line += f"; a rerun on one rank: {describe_cmp(rr)}"
         lines.append(line)
@@ -61,6 +62,11 @@ def verdict(records: list[dict]) -> str:
     if "ep" in groups:
         lines.append(f"Verdict: the seed report's EP divergence reproduces for {', '.join(groups['ep'])}: the ranks "
                      "differ in every trial while each rank reproduces its own output bit for bit.")
+    if "ep+nondeterminism" in groups:
+        lines.append(f"Verdict: the seed report's EP divergence reproduces for {', '.join(groups['ep+nondeterminism'])}"
+                     f": the ranks differ in every trial, in at least {labels.EP_DOMINANCE}x the elements that a rerun "
+                     "on one rank changes — EP order, with some run-to-run nondeterminism on top (notebook 03: "
+                     "deterministic mode removes that part).")
     if "nondeterminism" in groups:
         lines.append(f"Verdict: {', '.join(groups['nondeterminism'])} differ across ranks because each forward is "
                      "run-to-run nondeterministic (a rerun on the same rank differs too), not because of EP order "

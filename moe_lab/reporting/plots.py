@@ -20,7 +20,8 @@ NA = "#e6e6e6"  # not applicable / not measured
 
 def zero_aware_heatmap(values: pd.DataFrame, ax, *, annot=None, label: str = "", cmap: str = "rocket_r", fmt: str = ""):
     """Heatmap whose exact zeros get the ZERO colour and whose non-zero values sit on a log colour scale (labelled);
-    NaN cells are grey. `annot`: a DataFrame of cell texts (default: the values)."""
+    NaN cells are grey. `annot`: a DataFrame of cell texts (default: the values), or False for none (a fine grid such
+    as a 64 x 64 mismatch map: thousands of empty texts and cell borders only cost time — seconds per figure)."""
     from matplotlib.colors import ListedColormap, LogNorm
 
     v = values.astype(float)
@@ -28,17 +29,21 @@ def zero_aware_heatmap(values: pd.DataFrame, ax, *, annot=None, label: str = "",
     lo, hi = (float(nz.min().min()), float(nz.max().max())) if nz.notna().any().any() else (1e-9, 1.0)
     if hi <= lo:
         hi = lo * 10
-    ann = (annot if annot is not None else v.map(lambda x: "" if pd.isna(x) else f"{x:{fmt or '.3g'}}"))
+    texts = annot is not False
+    ann = (annot if annot is not None else v.map(lambda x: "" if pd.isna(x) else f"{x:{fmt or '.3g'}}")) if texts \
+        else None
+    lw = 0.5 if texts or v.size <= 400 else 0.0
     ax.set_facecolor(NA)
     if (v == 0).any().any():  # the zero layer first, its own colour
         sns.heatmap((v == 0).astype(float), mask=~(v == 0), cmap=ListedColormap([ZERO]), cbar=False, ax=ax,
-                    annot=ann.where(v == 0, ""), fmt="", linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
+                    annot=ann.where(v == 0, "") if texts else False, fmt="", linewidths=lw, linecolor="white",
+                    annot_kws={"fontsize": 7})
     if (v > 0).any().any():
-        sns.heatmap(v, mask=~(v > 0), cmap=cmap, norm=LogNorm(vmin=lo, vmax=hi), ax=ax, annot=ann.where(v > 0, ""),
-                    fmt="", linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7},
-                    cbar_kws={"label": f"{label} (log scale; green = exactly 0)"})
+        sns.heatmap(v, mask=~(v > 0), cmap=cmap, norm=LogNorm(vmin=lo, vmax=hi), ax=ax,
+                    annot=ann.where(v > 0, "") if texts else False, fmt="", linewidths=lw, linecolor="white",
+                    annot_kws={"fontsize": 7}, cbar_kws={"label": f"{label} (log scale; green = exactly 0)"})
     else:
-        sns.heatmap(v.where(v == 0), cmap=ListedColormap([ZERO]), cbar=False, ax=ax, linewidths=0.5, linecolor="white")
+        sns.heatmap(v.where(v == 0), cmap=ListedColormap([ZERO]), cbar=False, ax=ax, linewidths=lw, linecolor="white")
     return ax
 
 
@@ -123,7 +128,7 @@ def mismatch_map(record: dict, pair: str | None = None, ax=None):
     m = maps[pair]
     ax = ax or plt.subplots(figsize=(6, 4))[1]
     df = pd.DataFrame(m["frac"])
-    zero_aware_heatmap(df, ax, annot=df.map(lambda x: ""), label="fraction differing")
+    zero_aware_heatmap(df, ax, annot=False, label="fraction differing")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_xlabel(f"hidden ({m['hidden_per_bin']:.0f} per cell)")

@@ -126,7 +126,7 @@ def token_mismatch_map(records: list[dict], ax=None):
     cs = [r for r in _kind(records, "case") if r.get("available")]
     mat = pd.DataFrame([r["token_mismatch_frac"] for r in cs], index=[_row(r, cs) for r in cs])
     ax = ax or plt.subplots(figsize=(10, 0.32 * len(cs) + 1.6))[1]
-    zero_aware_heatmap(mat, ax, annot=mat.map(lambda x: ""), label="fraction of hidden elements differing")
+    zero_aware_heatmap(mat, ax, annot=False, label="fraction of hidden elements differing")
     ax.set_xticks(range(0, mat.shape[1], 10), range(0, mat.shape[1], 10))
     ax.set_xlabel(f"token (first {cs[0]['cut'] if cs else '?'}, truncated vs full input)")
     ax.set_ylabel("")

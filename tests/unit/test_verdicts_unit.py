@@ -38,6 +38,23 @@ def test_01_ep_order_only_when_ranks_differ_in_every_trial_and_reruns_never():
     assert "no cross-rank divergence" not in v
 
 
+def test_01_ep_order_with_a_little_rerun_noise_on_top_is_still_ep_order():
+    """Measured on one H200 (virtual EP=4, allgather bf16): ranks differ in ~1.35M elements in every trial, a rerun in
+    91 elements in some trials. That is EP order with the GPU's atomics on top — not 'nondeterminism'. Controls: at
+    the dominance bound it holds, just under it (or when ranks agree in a trial) it does not."""
+    big, noise = cmp(1_347_732, numel=4_194_304), cmp(91, n_differ=2, numel=4_194_304)
+    assert reproduce.attribution(rec01("allgather", "none", big, noise)) == "ep+nondeterminism"
+    at = cmp(100 * 91, numel=4_194_304)
+    under = cmp(100 * 91 - 1, numel=4_194_304)
+    assert reproduce.attribution(rec01("allgather", "none", at, noise)) == "ep+nondeterminism"
+    assert reproduce.attribution(rec01("allgather", "none", under, noise)) == "nondeterminism"
+    some = cmp(1_347_732, n_differ=4, numel=4_194_304)  # ranks agree in one trial: not a stable EP-order effect
+    assert reproduce.attribution(rec01("allgather", "none", some, noise)) == "nondeterminism"
+    v = reproduce.verdict([rec01("allgather", "none", big, noise)])
+    assert "EP divergence reproduces for allgather/router none" in v and "run-to-run nondeterminism on top" in v
+    assert "a rerun on one rank: 91 of 4,194,304 elements differ" in v
+
+
 def test_01_at_ep2_nothing_diverges_and_the_verdict_says_so():
     recs = [dict(rec01(d, r, cmp(), cmp()), world=2) for d in ("allgather", "alltoall") for r in ("none", "fp32")]
     v = reproduce.verdict(recs)
