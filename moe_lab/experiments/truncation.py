@@ -112,13 +112,16 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
     # The timed full-input forwards double as the trials' rerun pairs, in order (trial t: forwards 2t and 2t+1);
     # only a trial they do not cover runs its own. Each trial has its own truncated forward.
     pool = iter(outs)
+
+    def full():
+        o = next(pool, None)
+        return with_remedy(tokens, masks[0]) if o is None else o
+
     per_trial = []
     for t in range(trials):
-        a = next(pool, None)
-        a = with_remedy(tokens, masks[0]) if a is None else a
+        a = full()
         c = out_t if t == 0 else with_remedy(trunc, masks[1])
-        b = next(pool, None)
-        b = with_remedy(tokens, masks[0]) if b is None else b
+        b = full()
         per_trial.append((metrics.compare(a[:cut], c[:cut]), metrics.compare(a, b),
                           toolkit.token_mismatch(a[:cut], c[:cut])))
     out = outs[0]
