@@ -65,8 +65,8 @@ def verdict(records: list[dict]) -> str:
     if "ep+nondeterminism" in groups:
         lines.append(f"Verdict: the seed report's EP divergence reproduces for {', '.join(groups['ep+nondeterminism'])}"
                      f": the ranks differ in every trial, in at least {labels.EP_DOMINANCE}x the elements that a rerun "
-                     "on one rank changes — EP order, with some run-to-run nondeterminism on top (notebook 03: "
-                     "deterministic mode removes that part).")
+                     "on one rank changes — EP order, with some run-to-run nondeterminism on top (notebook 03 measures "
+                     "deterministic mode against it).")
     if "nondeterminism" in groups:
         lines.append(f"Verdict: {', '.join(groups['nondeterminism'])} differ across ranks because each forward is "
                      "run-to-run nondeterministic (a rerun on the same rank differs too), not because of EP order "
