@@ -51,6 +51,7 @@ class Cluster:
         self._procs: list[dict] = []  # per rank: pid, node, main_thread, stack_file (dist.identify)
         self._profile_dir: str | None = None
         self._reaper = None  # the watchdog process (processes.start_watchdog)
+        self.attached = False  # a client of a run's shared cluster (controller.shared): stop() detaches
 
     @property
     def profile_dir(self) -> str | None:
@@ -106,6 +107,8 @@ class Cluster:
         release: a process imports it once, so only the engines go; the controller, its profile and the watchdog
         stay. Not running yet: plain start() with the new config. Timings: restart_s (+ engines_s, ready_s).
         """
+        if self.attached:
+            raise ValueError("a run's shared cluster cannot be restarted from a notebook: start a cluster of its own")
         fixed = {k: v for k, v in changes.items() if k in ("engines", "device") and v != getattr(self.config, k)}
         if fixed and self.client is not None:
             raise ValueError(f"restart_engines cannot change {sorted(fixed)} (the engine set and its devices): "
@@ -238,6 +241,10 @@ class Cluster:
         graceful=False skips the teardown call on the engines (they may be busy or mid-collective) and ends them.
         Whatever happens, no process of this cluster outlives it: leftovers are killed.
         """
+        if self.attached:
+            from . import shared
+
+            return shared.detach(self, graceful)
         t0 = time.perf_counter()
         # Every engine/controller process there is now (not the watchdog): what Ctrl-C's line counts as stopped,
         # including those ipyparallel ends itself (schedulers, nannies), not only the ones killed below (#16).

@@ -269,6 +269,20 @@ def health_check() -> dict:
     return {"rank": rank, "ok": True, "sum": got, "t_s": time.perf_counter() - t0}
 
 
+def release_caches() -> bool:
+    """Drop this rank's cached layers and stacks (and the GPU memory they held); the process group stays. What a
+    notebook leaves behind on a cluster shared by a run's notebooks (controller.shared.detach)."""
+    import gc
+
+    import torch
+
+    STATE["layers"], STATE["stacks"] = {}, {}
+    gc.collect()
+    if STATE.get("device") == "cuda":
+        torch.cuda.empty_cache()
+    return True
+
+
 def teardown() -> bool:
     """Destroy parallel_state and the process group; safe to call twice or before setup finished."""
     try:

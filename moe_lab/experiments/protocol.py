@@ -154,6 +154,7 @@ def environment(cluster) -> dict:
     i0 = cluster.info[0] if cluster.info else {}
     env = {k: v for k, v in i0.items() if k not in _PER_RANK and not k.startswith("t_")}
     env["code"] = provenance.code_version()
+    env["shared_cluster"] = bool(getattr(cluster, "attached", False))  # the run's cluster (controller.shared)
     return env
 
 
@@ -311,14 +312,29 @@ def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: s
     changes = dict(extra_path=release_path(release, wheels), env=ccfg.env)
     if ccfg.device == "cuda":
         changes["deterministic"] = ccfg.deterministic
+    from ..controller import shared
+
     if cluster is None:
-        return Cluster(ccfg.replace(**changes)).start()
+        target = ccfg.replace(**changes)
+        return shared.attach(target) or Cluster(target).start()
     if cluster.client is None:
         cluster.config = cluster.config.replace(**changes)
         return cluster.start()
     if any(getattr(cluster.config, k) != v for k, v in changes.items()):
+        if cluster.attached:  # the run's shared cluster stays as it is for the next notebook
+            cluster.stop()
+            return Cluster(cluster.config.replace(**changes)).start()
         cluster.restart_engines(**changes)
     return cluster
+
+
+def shared_config(params: dict) -> ClusterConfig:
+    """The cluster a notebook's cases begin on when they need nothing of their own (the installed release, no engine
+    environment, no deterministic start): what `moe-lab run` starts once for all its notebooks."""
+    from .. import profiles
+
+    c = profiles.cluster_config(params).replace(extra_path=())
+    return c.replace(env=tuple(sorted(dict(c.env).items())), extra_path=release_path(INSTALLED))
 
 
 def progress_bar(items: Iterable, desc: str):

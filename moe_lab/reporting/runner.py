@@ -270,7 +270,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         tqdm = None
     current, t0 = None, time.perf_counter()
     before = _children()
-    with _signals_as_interrupt(), _run_lock(out_dir):
+    with _signals_as_interrupt(), _run_lock(out_dir), _shared_cluster(params, out_dir, len(chosen)):
         # the bar only once the lock is held: a refused second run prints its one line and nothing else (#16)
         it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
@@ -298,6 +298,22 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     failed = [r["file"] for r in rows if r["status"] != "ok"]
     logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
     return 1 if failed else 0
+
+
+SHARED_FILE = ".moe_lab-cluster.json"
+
+
+def _shared_cluster(params: dict, out_dir: Path, n_notebooks: int):
+    """One cluster for the run's notebooks (controller.shared) when there are several; MOE_LAB_SHARE_CLUSTER=0
+    gives each notebook its own, as a notebook run alone has."""
+    import contextlib
+
+    if n_notebooks < 2 or os.environ.get("MOE_LAB_SHARE_CLUSTER") == "0":
+        return contextlib.nullcontext()
+    from ..controller import shared
+    from ..experiments import protocol
+
+    return shared.for_run(protocol.shared_config(params), out_dir / SHARED_FILE)
 
 
 def _guarded(fn, fallback, *args):

@@ -44,6 +44,17 @@ def test_all_notebooks_ran_and_rendered(cpu_report):
     assert cpu_report["elapsed"] < 600  # the cpu profile's budget on the 2-core machine
 
 
+def test_the_run_shares_one_cluster_between_the_notebooks_that_need_it(cpu_report):
+    """controller.shared: 01, 02, 04 and 05 begin on the run's cluster (the installed release, 4 engines); 03 begins
+    on another release, so it starts its own (the control: a notebook that cannot attach does not)."""
+    by_nb: dict = {}
+    for r in cpu_report["results"]:
+        if "skipped" not in r:  # a setting the release lacks: a record made without any cluster
+            by_nb.setdefault(r["notebook"], set()).add(r.get("shared_cluster"))
+    assert {nb: by_nb.get(nb) for nb in ("01", "02", "04", "05")} == {nb: {True} for nb in ("01", "02", "04", "05")}
+    assert by_nb["03"] == {False}
+
+
 def test_01_records_the_divergence(cpu_report):
     recs = [r for r in cpu_report["results"] if r["notebook"] == "01"]
     assert {(r["dispatcher"], r["router_dtype"]) for r in recs} == {

@@ -1,0 +1,128 @@
+"""Controller side: one warm cluster for all the notebooks of a `moe-lab run`.
+
+Starting a cluster is most of a short notebook's wall time (one H200, virtual EP=4: ~22 s of 01's 55 s, and nine
+starts in 01-04). The runner starts the cluster its notebooks' cases begin on, writes where it is (`publish`) and tells
+the notebook kernels through MOE_LAB_SHARED_CLUSTER. A kernel whose cases need exactly that cluster config attaches to
+it (`attach`: a client of the same controller, the same engines, process group and parallel_state); any other config
+(another megatron-core release, EP=1, a deterministic environment) starts a cluster of its own as before. When the
+kernel is done it detaches (`detach`): the engines drop their cached layers and stay up for the next notebook. A fault
+on an attached cluster ends its engines, so the next notebook starts its own. The runner stops the cluster at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+
+from ..config import ClusterConfig
+
+logger = logging.getLogger(__name__)
+
+ENV = "MOE_LAB_SHARED_CLUSTER"
+ATTACH_TIMEOUT_S = 10.0
+
+
+def _key(config: ClusterConfig) -> str:
+    return json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)
+
+
+def publish(cluster, path: Path) -> None:
+    """Write where `cluster` is and what it is (config, engines, ranks) to `path`, for kernels to attach."""
+    files = sorted(Path(cluster.profile_dir, "security").glob("ipcontroller-*client.json"))  # one controller per profile
+    if len(files) != 1:
+        raise RuntimeError(f"{cluster.profile_dir}: expected one controller connection file, found {len(files)}")
+    d = {"config": _key(cluster.config), "profile_dir": cluster.profile_dir, "client_file": str(files[0]),
+         "cluster_id": getattr(cluster._ipp, "cluster_id", ""), "engine_ids": cluster.engine_ids,
+         "info": cluster.info, "procs": cluster._procs, "rendezvous": list(cluster.rendezvous or ()),
+         "owner_pid": os.getpid()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(d, default=str))
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def for_run(config: ClusterConfig, path: Path):
+    """A cluster of `config` for the block, published at `path` and named in MOE_LAB_SHARED_CLUSTER (which the
+    notebook kernels inherit); stopped, unpublished and unnamed afterwards, whatever happened."""
+    from .cluster import Cluster
+
+    cluster = Cluster(config)
+    ok = False
+    try:
+        cluster.start()
+        publish(cluster, path)
+        os.environ[ENV] = str(path)
+        logger.info("one cluster for the run's notebooks: %s", cluster.summary())
+        yield cluster
+        ok = True
+    finally:
+        os.environ.pop(ENV, None)
+        path.unlink(missing_ok=True)
+        cluster.stop(graceful=ok)
+
+
+def attach(config: ClusterConfig):
+    """The run's shared cluster as a Cluster of this process if MOE_LAB_SHARED_CLUSTER names one whose config is
+    `config` and whose engines answer a health all-reduce; else None (the caller starts its own)."""
+    where = os.environ.get(ENV)
+    if not where:
+        return None
+    try:
+        d = json.loads(Path(where).read_text())
+    except (OSError, ValueError) as e:
+        logger.info("no shared cluster to attach to (%s: %s)", where, e)
+        return None
+    if d.get("config") != _key(config):
+        logger.info("the run's shared cluster has another config than these cases need: starting one of their own")
+        return None
+    import ipyparallel as ipp
+
+    from .cluster import Cluster
+
+    cluster = Cluster(config)
+    try:
+        cluster.client = ipp.Client(d["client_file"], profile_dir=d["profile_dir"], cluster_id=d["cluster_id"],
+                                    timeout=ATTACH_TIMEOUT_S)
+        missing = sorted(set(d["engine_ids"]) - set(cluster.client.ids))
+        if missing:
+            raise RuntimeError(f"engines {missing} of the shared cluster are gone")
+        cluster.engine_ids, cluster.info, cluster._procs = list(d["engine_ids"]), d["info"], d["procs"]
+        cluster.rendezvous = tuple(d["rendezvous"]) or None
+        cluster._profile_dir, cluster.attached = d["profile_dir"], True
+        cluster.view = cluster.client.direct_view(targets=cluster.engine_ids)
+        cluster.view.block = True
+        cluster.health_check()
+    except Exception as e:  # noqa: BLE001 - any failure: this notebook starts its own cluster
+        logger.warning("could not attach to the run's shared cluster (%s: %s); starting one", type(e).__name__, e)
+        if cluster.client is not None:
+            cluster.client.close()
+        return None
+    logger.info("attached to the run's shared cluster: %s", cluster.summary())
+    return cluster
+
+
+def detach(cluster, graceful: bool) -> None:
+    """Leave an attached cluster: graceful — its engines drop their cached layers and stay up for the next notebook;
+    otherwise (a fault, Ctrl-C) its engines are ended, so nothing runs on engines in an unknown state."""
+    from ..engine import dist
+    from . import processes
+
+    if graceful and cluster.client is not None and cluster.engine_ids:
+        try:
+            cluster.run(dist.release_caches, what="dropping cached layers", timeout=ATTACH_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - the engines are ended below instead
+            logger.warning("the shared cluster's engines did not drop their layers (%s); ending them", e)
+            graceful = False
+    if not graceful and cluster.profile_dir:
+        processes.kill_engines(cluster.profile_dir)
+    if cluster.client is not None:
+        try:
+            cluster.client.close()
+        except Exception:  # noqa: BLE001
+            pass
+    cluster.client = cluster.view = None
+    cluster.engine_ids, cluster._profile_dir = [], None
