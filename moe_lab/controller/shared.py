@@ -47,14 +47,21 @@ def publish(cluster, path: Path) -> None:
 @contextlib.contextmanager
 def for_run(config: ClusterConfig, path: Path):
     """A cluster of `config` for the block, published at `path` and named in MOE_LAB_SHARED_CLUSTER (which the
-    notebook kernels inherit); stopped, unpublished and unnamed afterwards, whatever happened."""
+    notebook kernels inherit); stopped, unpublished and unnamed afterwards, whatever happened. If it cannot start,
+    the block runs without one (None): each notebook then starts its own and reports what went wrong in its page."""
     from .cluster import Cluster
 
     cluster = Cluster(config)
-    ok = False
     try:
         cluster.start()
         publish(cluster, path)
+    except Exception as e:  # noqa: BLE001 - Ctrl-C propagates; anything else is each notebook's to report
+        logger.warning("no shared cluster for this run (%s: %s); each notebook starts its own", type(e).__name__, e)
+        cluster.stop(graceful=False)
+        yield None
+        return
+    ok = False
+    try:
         os.environ[ENV] = str(path)
         logger.info("one cluster for the run's notebooks: %s", cluster.summary())
         yield cluster

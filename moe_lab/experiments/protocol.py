@@ -333,8 +333,8 @@ def shared_config(params: dict) -> ClusterConfig:
     environment, no deterministic start): what `moe-lab run` starts once for all its notebooks."""
     from .. import profiles
 
-    c = profiles.cluster_config(params).replace(extra_path=())
-    return c.replace(env=tuple(sorted(dict(c.env).items())), extra_path=release_path(INSTALLED))
+    c = profiles.cluster_config(params)
+    return c.replace(env=tuple(sorted(dict(c.env).items())), extra_path=())
 
 
 def progress_bar(items: Iterable, desc: str):
