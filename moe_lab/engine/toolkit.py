@@ -105,7 +105,7 @@ def compare_across_ranks(tensors: dict[str, torch.Tensor], *, detail: tuple[str,
         fps = [e[name][0] for e in everyone]
         res: dict = {"fingerprints": fps, "pairs": {}}
         if len(set(fps)) == 1:
-            zero = metrics.identical(t) if t.is_floating_point() else compare_any(t, t)
+            zero = compare_identical(t)
             res["pairs"] = {f"0-{r}": dict(zero) for r in range(1, n)}
             if name in detail:
                 res.update(_detail_equal(t, n))
@@ -154,17 +154,21 @@ def compare_any(a: torch.Tensor, b: torch.Tensor) -> dict:
             "allclose_1e3": ne == 0, "assert_close": ne == 0}
 
 
+def compare_identical(t: torch.Tensor) -> dict:
+    """`compare_any(t, t)` for a tensor whose copy was shown bitwise equal (fingerprints matched), without comparing."""
+    return metrics.identical(t) if t.is_floating_point() else compare_any(t, t)
+
+
 def compare_parts(parts: list[torch.Tensor]) -> dict:
     """The worst of parts[c] vs parts[0] (c >= 1), fingerprints first; `worst_copy` says which c."""
     base = parts[0]
     fps = [metrics.fingerprint(p) for p in parts]
     worst, worst_c = None, 0
     for c in range(1, len(parts)):
-        cmp = ((metrics.identical(base) if base.is_floating_point() else compare_any(base, base)) if fps[c] == fps[0]
-               else compare_any(base.cpu(), parts[c].cpu()))
+        cmp = compare_identical(base) if fps[c] == fps[0] else compare_any(base.cpu(), parts[c].cpu())
         if worst is None or (cmp["mismatch_frac"], cmp["max_ulp"]) > (worst["mismatch_frac"], worst["max_ulp"]):
             worst, worst_c = cmp, c
-    return {**(worst or compare_any(base, base)), "worst_copy": worst_c}
+    return {**(worst or compare_identical(base)), "worst_copy": worst_c}
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,8 @@ def _vt(v: str):
 def _attr(cross: dict, rerun: dict) -> str:
     from ..experiments.labels import attribution
 
-    return {"equal": "no", "ep": "EP order", "ep+nondeterminism": "EP order (+ run-to-run nondeterminism)"}.get(
-        attribution(cross, rerun), attribution(cross, rerun))
+    a = attribution(cross, rerun)
+    return {"equal": "no", "ep": "EP order", "ep+nondeterminism": "EP order (+ run-to-run nondeterminism)"}.get(a, a)
 
 
 def _trials(c: dict) -> str:
