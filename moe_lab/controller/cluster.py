@@ -52,6 +52,9 @@ class Cluster:
         self._profile_dir: str | None = None
         self._reaper = None  # the watchdog process (processes.start_watchdog)
         self.attached = False  # a client of a run's shared cluster (controller.shared): stop() detaches
+        self._spare: dict | None = None  # the next engine set, launched before it is needed (prestart, launch)
+        self._engine_set = None  # ipyparallel's id of the current engine set
+        self._launched_at = 0.0
 
     @property
     def profile_dir(self) -> str | None:
@@ -67,13 +70,38 @@ class Cluster:
         self.stop(graceful=exc_type is None or not issubclass(exc_type, (KeyboardInterrupt, ClusterError)))
 
     def start(self) -> "Cluster":
+        if self.client is not None and self.engine_ids:
+            return self
+        cfg = self.config
+        t0 = time.perf_counter()
+        try:
+            if self.client is None:
+                self.launch()
+            else:  # launched early (protocol: the next group's cluster): its engines may have registered already
+                t0 = self._launched_at
+            self._take_spare(previous=set())
+            self.timings["engines_s"] = time.perf_counter() - t0
+            self._bring_up()
+            self.timings["ready_s"] = time.perf_counter() - t0
+            logger.info("cluster ready in %.1f s (engines registered %.1f s, imports + process group %.1f s): %s",
+                        self.timings["ready_s"], self.timings["engines_s"], self.timings["process_group_s"],
+                        self.summary())
+        except BaseException:
+            self.stop(graceful=False)
+            raise
+        return self
+
+    def launch(self) -> "Cluster":
+        """Start the controller and the engine processes without waiting for them: `start()` later finds them
+        registered (and, after `warm()`, their imports done). protocol.run launches the next group's cluster this
+        way while the current one works."""
         import ipyparallel as ipp
 
         if self.client is not None:
             return self
         cfg = self.config
         settings = launcher_settings(cfg)  # a bad launcher option is refused before anything starts
-        t0 = time.perf_counter()
+        self._launched_at = time.perf_counter()
         self.info, self.timings, self._procs, self.rendezvous = [], {}, [], None
         # A private profile per cluster: two notebooks (or users) never share connection files or ports.
         self._profile_dir = tempfile.mkdtemp(prefix=PROFILE_PREFIX, dir=profile_parent(cfg))
@@ -89,13 +117,8 @@ class Cluster:
             logger.info("starting %d %s engines (launcher %s)", cfg.engines, cfg.device, cfg.launcher)
             self._ipp.start_cluster_sync(n=cfg.engines)
             self.client = self._ipp.connect_client_sync()
-            self._attach_engines(previous=set())
-            self.timings["engines_s"] = time.perf_counter() - t0
-            self._bring_up()
-            self.timings["ready_s"] = time.perf_counter() - t0
-            logger.info("cluster ready in %.1f s (engines registered %.1f s, imports + process group %.1f s): %s",
-                        self.timings["ready_s"], self.timings["engines_s"], self.timings["process_group_s"],
-                        self.summary())
+            self._spare = {"set": next(iter(self._ipp.engines), None), "previous": set(), "ids": None,
+                           "warmed": None}
         except BaseException:
             self.stop(graceful=False)
             raise
@@ -118,20 +141,29 @@ class Cluster:
         if self.client is None:
             return self.start()
         t0 = time.perf_counter()
+        spare = self._spare if self._spare and self._spare["warmed"] in (None, self._prepare_args()) else None
         old = _registered(self.client, self.engine_ids)
         self._teardown_engines()
         try:
-            # Process groups are torn down: end the engines at once (SIGTERM costs seconds per engine with torch
-            # loaded), then let ipyparallel reap them and forget their engine set.
-            processes.kill_engines(self._profile_dir)
-            self._ipp.stop_engines_sync()
-            self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
-            logger.info("restarting %d %s engines%s", self.config.engines, self.config.device,
-                        f" with {self.config.extra_path[0]} first on their path" if self.config.extra_path else "")
-            # Killed engines stay registered until the hub's heartbeat drops them: every engine known now is old.
-            old |= _registered(self.client)
-            self._ipp.start_engines_sync(n=self.config.engines)
-            self._attach_engines(previous=old)
+            logger.info("restarting %d %s engines%s%s", self.config.engines, self.config.device,
+                        f" with {self.config.extra_path[0]} first on their path" if self.config.extra_path else "",
+                        " (launched early)" if spare else "")
+            if spare:  # the next engine set is already up: end only the current one
+                processes.kill_engines(self._profile_dir, only=[p["pid"] for p in self._procs])
+                if self._engine_set is not None:
+                    self._ipp.stop_engines_sync(self._engine_set)
+                self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
+            else:
+                # Process groups are torn down: end the engines at once (SIGTERM costs seconds per engine with
+                # torch loaded), then let ipyparallel reap them and forget their engine set.
+                processes.kill_engines(self._profile_dir)
+                self._ipp.stop_engines_sync()
+                self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
+                # Killed engines stay registered until the hub's heartbeat drops them: every engine known now is old.
+                old |= _registered(self.client)
+                self._spare = {"set": self._ipp.start_engines_sync(n=self.config.engines), "previous": old,
+                               "ids": None, "warmed": None}
+            self._take_spare(previous=self._spare["previous"])
             self.timings["engines_s"] = time.perf_counter() - t0
             self._bring_up()
         except BaseException:
@@ -153,6 +185,52 @@ class Cluster:
                 ar.get(timeout=min(10.0, self.config.timeout_s))
         except Exception as e:  # noqa: BLE001 - the engines are stopped next whatever happened here
             logger.warning("teardown on engines did not finish cleanly (%s); stopping them anyway", e)
+
+    # ------------------------------------------------------------------ the next engine set, launched early
+    def prestart(self) -> bool:
+        """Launch the engine set the next `restart_engines` will use, now, while the current engines work: it then
+        finds them registered and, after `warm(**changes)` with the same changes, their imports done. The first
+        ~20 s of a restart on a GPU node (registration, torch + megatron-core imports) are hidden. Local engines
+        only, where the cores allow (`prestart_wanted`); True if a spare set is up or on its way."""
+        if self.client is None or self.attached or self.config.launcher != "local":
+            return False
+        if self._spare is None:
+            previous = _registered(self.client)
+            self._spare = {"set": self._ipp.start_engines_sync(n=self.config.engines), "previous": previous,
+                           "ids": None, "warmed": None}
+            logger.info("launched %d spare engines for the next restart", self.config.engines)
+        return True
+
+    def warm(self, **changes) -> bool:
+        """Non-blocking: once the spare engines have registered, start their slow imports for the config
+        `changes` gives (what `restart_engines(**changes)`, or `start()` of a launched cluster, will ask for).
+        Call it between cases; True once the imports are on their way."""
+        sp = self._spare
+        if sp is None or self.client is None:
+            return False
+        if sp["warmed"] is not None:
+            return True
+        new = sorted(eid for eid, _ in _registered(self.client) - sp["previous"])
+        if len(new) < self.config.engines:
+            return False
+        from ..engine import dist
+
+        sp["ids"] = new[: self.config.engines]
+        sp["warmed"] = self._prepare_args(self.config.replace(**changes) if changes else self.config)
+        for eid in sp["ids"]:
+            self.client[eid].apply_async(dist.prepare, **dict(sp["warmed"]))
+        return True
+
+    def _prepare_args(self, cfg: ClusterConfig | None = None) -> tuple:
+        cfg = cfg or self.config
+        return (("device", cfg.device), ("extra_path", tuple(cfg.extra_path)), ("env", dict(cfg.env)),
+                ("deterministic", cfg.deterministic))
+
+    def _take_spare(self, previous: set) -> None:
+        """Make the spare engine set (launched by launch/prestart/restart) the cluster's engines."""
+        sp, self._spare = self._spare, None
+        self._engine_set = sp["set"] if sp else None
+        self._attach_engines(previous=sp["previous"] if sp else previous)
 
     def _attach_engines(self, previous: set) -> None:
         """Wait (start timeout) for `engines` new engines to register, (id, uuid) not in `previous`; ranks follow in
@@ -279,6 +357,7 @@ class Cluster:
             self._reaper.terminate()
             self._reaper.wait()
         self._ipp = self.client = self.view = self._reaper = None
+        self._spare = self._engine_set = None
         self.engine_ids = []
         self._profile_dir = None
         self.timings["stop_s"] = time.perf_counter() - t0
@@ -496,6 +575,16 @@ class Cluster:
                                           "nccl", "python")}
 
 
+def prestart_wanted(cfg: ClusterConfig) -> bool:
+    """Whether to launch a cluster's next engines while the current ones work (Cluster.prestart, protocol.run):
+    local engines on a GPU node, or on a CPU machine with a core for every engine of both sets — on fewer cores the
+    early imports would slow the measuring engines. MOE_LAB_PRESTART=1 / 0 forces it on / off."""
+    forced = os.environ.get("MOE_LAB_PRESTART", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1" and cfg.launcher == "local"
+    return cfg.launcher == "local" and (cfg.device == "cuda" or (os.cpu_count() or 1) >= 2 * cfg.engines)
+
+
 def _registered(client, ids=None) -> set[tuple[int, str]]:
     """(engine id, uuid) of the engines registered now (or of `ids`): an id alone can come back (mpiexec engines ask
     for their MPI rank) once the hub has dropped the engine that had it."""
@@ -507,4 +596,4 @@ def env_pairs(d: dict | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in (d or {}).items()))
 
 
-__all__ = ["Cluster", "ClusterError", "default_config", "env_pairs"]
+__all__ = ["Cluster", "ClusterError", "default_config", "env_pairs", "prestart_wanted"]

@@ -120,14 +120,26 @@ def start_watchdog(owner_pid: int, profile_dir: str) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def kill_engines(profile_dir: str) -> None:
-    """SIGKILL every engine process of the cluster at `profile_dir` (their state is lost anyway)."""
-    for p in (p for p in cluster_processes(profile_dir) if is_engine(p)):
+def kill_engines(profile_dir: str, only=None) -> None:
+    """SIGKILL every engine process of the cluster at `profile_dir` (their state is lost anyway); with `only` (pids),
+    just those engines and the processes they started (their nannies)."""
+    procs = [p for p in cluster_processes(profile_dir) if is_engine(p)]
+    if only is not None:
+        keep = {int(x) for x in only}
+        procs = [p for p in procs if p.pid in keep or _ppid(p) in keep]
+    for p in procs:
         try:
             p.kill()
             note_stopped([p.pid])
         except Exception:  # noqa: BLE001 - already gone
             pass
+
+
+def _ppid(p) -> int | None:
+    try:
+        return p.ppid()
+    except Exception:  # noqa: BLE001 - gone
+        return None
 
 
 __all__ = ["note_stopped", "stopped_count", "cluster_processes", "kill_cluster_processes", "kill_engines", "start_watchdog", "pid_gone",

@@ -165,9 +165,43 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
                  local_rank=local_rank, ranks_per_gpu=ranks_per_gpu, timeout_s=timeout_s, host=platform.node(),
                  layers={})
     init_parallel_state(tp=tp, ep=world // tp)
+    t_warm = warm_up() if device == "cuda" else 0.0
     info = describe()
-    info.update(t_process_group_s=t_pg, t_setup_s=time.perf_counter() - t0)
+    info.update(t_process_group_s=t_pg, t_warm_up_s=t_warm, t_setup_s=time.perf_counter() - t0)
     return info
+
+
+def warm_up() -> float:
+    """A process's one-time GPU costs, paid at bring-up instead of by the first question: cuBLAS / cuBLASLt handles
+    and workspaces (GEMMs in bf16, fp32, fp64), the kernels a MoE forward uses first (softmax, top-k, sort,
+    scatter/index add), and the process group's collectives on device tensors (gloo stages them through pinned host
+    buffers). Small shapes; returns seconds taken."""
+    import torch
+    import torch.distributed as tdist
+
+    t0 = time.perf_counter()
+    dev, world = STATE["torch_device"], STATE["world"]
+    for dt in (torch.bfloat16, torch.float32, torch.float64):
+        a = torch.randn(256, 512, device=dev, dtype=dt)
+        w = torch.randn(1024, 512, device=dev, dtype=dt)
+        torch.nn.functional.linear(a, w).sum()
+        (a.t() @ a).sum()
+    logits = torch.randn(256, 64, device=dev).softmax(-1)
+    probs, idx = torch.topk(logits, 6, dim=-1)
+    order = idx.flatten().argsort(stable=True)
+    out = torch.zeros(256, 512, device=dev, dtype=torch.bfloat16)
+    src = torch.randn(order.numel(), 512, device=dev, dtype=torch.bfloat16)
+    out.index_add_(0, order % 256, src)
+    out.scatter_add_(0, (order % 256)[:, None].expand(-1, 512), src)
+    x = torch.randn(world * 64, 512, device=dev, dtype=torch.bfloat16)
+    y = torch.empty(world * x.shape[0], 512, device=dev, dtype=torch.bfloat16)
+    tdist.all_gather_into_tensor(y, x)
+    tdist.reduce_scatter_tensor(x, y)
+    tdist.all_to_all_single(torch.empty_like(x), x)
+    tdist.all_reduce(probs.float().sum(0))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
 
 
 def gpu_index(*, rank: int, local_rank: int | None, local_world: int | None, n_gpu: int,

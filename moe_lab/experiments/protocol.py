@@ -208,29 +208,32 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
     wheels = wheels or (params or {}).get("wheels")
     own = cluster is None
     by_case: dict[int, list[dict]] = {}
+    plan = []  # per group: its cluster config, release, env and case keys; the cases still to measure
+    for (release, det_env, engine_env), group in _groups(cases):
+        cfg_g = ccfg0.replace(env=tuple(sorted({**dict(ccfg0.env), **dict(engine_env)}.items())))
+        if ccfg0.device == "cuda":
+            cfg_g = cfg_g.replace(deterministic=det_env or ccfg0.deterministic)
+        env0 = expected_env(cfg_g, release, det_env)
+        keys = {id(c): case_key(c, env0, cfg_g) for c in group}
+        for c in group:
+            if keys[id(c)] in done:
+                by_case[id(c)] = done[keys[id(c)]]
+            elif id(c) in skipped:  # not applicable to its release: a record that says why, no engine call
+                rec = {"notebook": notebook, **env0, **c.fields(), "label": c.label, "case_key": keys[id(c)],
+                       "skipped": skipped[id(c)]}
+                if results is not None:
+                    results_file.append(results, [rec])
+                by_case[id(c)] = [rec]
+        todo = [c for c in group if id(c) not in by_case]
+        logger.info("%s, megatron-core %s: %d case(s) to run, %d already measured, %d not applicable",
+                    experiment.NAME, env0["megatron_core"], len(todo),
+                    sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
+        if todo:
+            plan.append((cfg_g, release, det_env, env0, keys, todo))
+    pending = None  # the next group's own cluster, launched early (after a shared one)
     try:
-        for (release, det_env, engine_env), group in _groups(cases):
-            cfg_g = ccfg0.replace(env=tuple(sorted({**dict(ccfg0.env), **dict(engine_env)}.items())))
-            if ccfg0.device == "cuda":
-                cfg_g = cfg_g.replace(deterministic=det_env or ccfg0.deterministic)
-            env0 = expected_env(cfg_g, release, det_env)
-            keys = {id(c): case_key(c, env0, cfg_g) for c in group}
-            for c in group:
-                if keys[id(c)] in done:
-                    by_case[id(c)] = done[keys[id(c)]]
-                elif id(c) in skipped:  # not applicable to its release: a record that says why, no engine call
-                    rec = {"notebook": notebook, **env0, **c.fields(), "label": c.label, "case_key": keys[id(c)],
-                           "skipped": skipped[id(c)]}
-                    if results is not None:
-                        results_file.append(results, [rec])
-                    by_case[id(c)] = [rec]
-            todo = [c for c in group if id(c) not in by_case]
-            logger.info("%s, megatron-core %s: %d case(s) to run, %d already measured, %d not applicable",
-                        experiment.NAME, env0["megatron_core"], len(todo),
-                        sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
-            if not todo:
-                continue
-            cluster = _ensure(cluster, cfg_g, release, det_env, wheels)
+        for i, (cfg_g, release, det_env, env0, keys, todo) in enumerate(plan):
+            cluster, pending = _ensure(cluster, cfg_g, release, det_env, wheels, pending)
             env = environment(cluster)
             actual = {k: env.get(k) for k in ENV_KEY}
             if actual["megatron_core"] != env0["megatron_core"]:
@@ -238,8 +241,13 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                                    f"{env0['megatron_core']}: check `moe-lab versions list`")
             if actual != {k: env0.get(k) for k in ENV_KEY}:  # e.g. a GPU the controller could not name
                 keys = {id(c): case_key(c, actual, cfg_g) for c in todo}
+            nxt = _next_start(cluster, plan[i + 1][:3], wheels) if i + 1 < len(plan) else None
+            if nxt is not None and nxt[0] == "own":
+                pending = nxt[1]
             items = progress(todo, f"{experiment.NAME} ({env0['megatron_core']})") if progress else todo
             for c in items:
+                if nxt is not None:  # the next group's engines import while this group's cases run
+                    (pending or cluster).warm(**nxt[2])
                 recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
                 if results is not None:
                     results_file.append(results, recs)  # streamed: an interrupted run keeps every finished case
@@ -247,10 +255,16 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     if on_record:
                         on_record(r)
                 by_case[id(c)] = recs
+                if nxt is not None:
+                    (pending or cluster).warm(**nxt[2])
     except BaseException as e:
+        if pending is not None:
+            pending.stop(graceful=False)
         if own and cluster is not None:  # after Ctrl-C or an engine failure the engines may be mid-collective
             cluster.stop(graceful=not isinstance(e, (KeyboardInterrupt, ClusterError)))
         raise
+    if pending is not None:  # launched for a group that did not need it
+        pending.stop()
     if own and cluster is not None:
         cluster.stop()
     out = [r for c in cases for r in by_case.get(id(c), [])]
@@ -305,27 +319,53 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     return out
 
 
-def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: str | None):
-    """A running cluster whose engines import `release` (and on GPUs start with the deterministic environment)."""
-    from ..controller.cluster import Cluster
-
+def _changes(cluster_cfg: ClusterConfig, ccfg: ClusterConfig, release: str, wheels: str | None) -> dict:
+    """The fields engines read at start that a group needs (its release's path, engine env, deterministic start)."""
     changes = dict(extra_path=release_path(release, wheels), env=ccfg.env)
     if ccfg.device == "cuda":
         changes["deterministic"] = ccfg.deterministic
+    return changes
+
+
+def _next_start(cluster, nxt: tuple, wheels: str | None):
+    """Get the next group's engines going while this group runs (GPU nodes and machines with cores to spare:
+    `prestart_wanted`): ('spare', None, changes) — the cluster's next engine set, launched now —, ('own', Cluster,
+    changes) — a cluster of its own launched now, where this one is a run's shared cluster —, or None (same
+    engines serve the next group, or no early start wanted)."""
+    from ..controller.cluster import Cluster, prestart_wanted
+
+    cfg_n, release, _ = nxt
+    changes = _changes(cluster.config, cfg_n, release, wheels)
+    if not any(getattr(cluster.config, k) != v for k, v in changes.items()) or not prestart_wanted(cluster.config):
+        return None
+    if cluster.attached:
+        logger.info("launching the next group's own cluster now (this one is the run's shared cluster)")
+        return ("own", Cluster(cluster.config.replace(**changes)).launch(), {})
+    return ("spare", None, changes) if cluster.prestart() else None
+
+
+def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: str | None, pending=None):
+    """A running cluster whose engines import `release` (and on GPUs start with the deterministic environment),
+    and what is left of `pending` (a cluster launched early for this group: started here, or None)."""
+    from ..controller.cluster import Cluster
+
+    changes = _changes(cluster.config if cluster is not None else ccfg, ccfg, release, wheels)
     from ..controller import shared
 
     if cluster is None:
         target = ccfg.replace(**changes)
-        return shared.attach(target) or Cluster(target).start()
+        return (shared.attach(target) or (pending or Cluster(target)).start()), None
     if cluster.client is None:
         cluster.config = cluster.config.replace(**changes)
-        return cluster.start()
+        return cluster.start(), pending
     if any(getattr(cluster.config, k) != v for k, v in changes.items()):
         if cluster.attached:  # the run's shared cluster stays as it is for the next notebook
             cluster.stop()
-            return Cluster(cluster.config.replace(**changes)).start()
+            if pending is not None and pending.config == cluster.config.replace(**changes):
+                return pending.start(), None
+            return Cluster(cluster.config.replace(**changes)).start(), pending
         cluster.restart_engines(**changes)
-    return cluster
+    return cluster, pending
 
 
 def shared_config(params: dict) -> ClusterConfig:

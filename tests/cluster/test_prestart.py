@@ -1,0 +1,133 @@
+"""The next engines launched early (Cluster.prestart / launch / warm, protocol.run): a restart or a group's own
+cluster then finds its engines registered and their imports done. A spare set warmed for another config is never
+used (the control), and nothing launched early outlives the run."""
+
+import dataclasses
+import os
+
+import pytest
+
+from moe_lab import profiles
+from moe_lab.config import ClusterConfig
+from moe_lab.controller import processes, shared
+from moe_lab.controller.cluster import Cluster, prestart_wanted
+from moe_lab.engine import compat
+from moe_lab.experiments import protocol, reproduce
+
+pytestmark = pytest.mark.cluster
+
+OTHER = "0.12.3"  # installed side by side (cached; notebook 03 and test_cluster use it too)
+P = profiles.load("cpu", {"dispatchers": ["allgather"], "router_dtypes": ["none"], "trials": 1, "engines": 2,
+                          "hidden": 32, "num_experts": 4, "topk": 2, "ffn_hidden": 64, "seq_len": 16, "cut": 8})
+
+
+def _engines(c) -> list[int]:
+    return sorted(p.pid for p in processes.cluster_processes(c.profile_dir) if processes.is_engine(p))
+
+
+def _warm_until_sent(c, **changes) -> None:
+    import time
+
+    deadline = time.monotonic() + 120
+    while not c.warm(**changes):
+        assert time.monotonic() < deadline, "the spare engines never registered"
+        time.sleep(0.1)
+
+
+def test_a_restart_takes_the_spare_engines_warmed_for_its_release():
+    other = protocol.release_path(OTHER, None)
+    with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
+        old = [p["pid"] for p in c._procs]
+        assert c.prestart() and c.prestart()  # a second call keeps the one spare set
+        _warm_until_sent(c, extra_path=other)
+        spare_ids = list(c._spare["ids"])
+        assert len(_engines(c)) == 8  # 2 engines + their nannies, twice
+        c.restart_engines(extra_path=other)
+        assert c.engine_ids == spare_ids and c.summary()["megatron_core"] == OTHER
+        assert not set(old) & set(_engines(c)) and len(_engines(c)) == 4
+        # the imports were done before the restart asked for them: the restart is the rendezvous only
+        assert c.timings["restart_s"] < 5.0, c.timings
+        assert all(h["ok"] for h in c.health_check())
+
+
+def test_a_spare_warmed_for_another_release_is_not_used():
+    """The control: the spare imported 0.12.3; a restart that asks for the installed release must not get it."""
+    other = protocol.release_path(OTHER, None)
+    with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120, extra_path=other)) as c:
+        assert c.summary()["megatron_core"] == OTHER
+        c.prestart()
+        _warm_until_sent(c, extra_path=other)
+        spare_ids = list(c._spare["ids"])
+        c.restart_engines(extra_path=(), env=(("MOE_LAB_TEST_X", "1"),))
+        assert c.summary()["megatron_core"] == compat.installed_version()
+        assert not set(c.engine_ids) & set(spare_ids) and len(_engines(c)) == 4
+        assert c.run(os.getenv, "MOE_LAB_TEST_X") == ["1", "1"]
+
+
+def test_the_gpu_warm_up_runs_its_collectives_on_every_rank(cpu_cluster):
+    """dist.warm_up is what bring-up runs on GPUs; here on CPU ranks (same collectives, same shapes on every rank)."""
+    from moe_lab.engine import dist
+
+    t = cpu_cluster.run(dist.warm_up, what="warm-up")
+    assert len(t) == cpu_cluster.world and all(x > 0 for x in t)
+    assert all(h["ok"] for h in cpu_cluster.health_check())
+
+
+def test_prestart_wanted_follows_cores_gpus_and_the_override(monkeypatch):
+    monkeypatch.delenv("MOE_LAB_PRESTART", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert not prestart_wanted(ClusterConfig(device="cpu", engines=4))  # the CI machine: 2 cores, 4 engines
+    assert prestart_wanted(ClusterConfig(device="cpu", engines=1))
+    assert prestart_wanted(ClusterConfig(device="cuda", engines=4))
+    assert not prestart_wanted(ClusterConfig(device="cuda", engines=4, launcher="mpi"))
+    monkeypatch.setenv("MOE_LAB_PRESTART", "1")
+    assert prestart_wanted(ClusterConfig(device="cpu", engines=4))
+    monkeypatch.setenv("MOE_LAB_PRESTART", "0")
+    assert not prestart_wanted(ClusterConfig(device="cuda", engines=4))
+
+
+def _two_release_cases():
+    cases = reproduce.cases(P)
+    return cases + [dataclasses.replace(c, release=OTHER) for c in cases]
+
+
+def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(monkeypatch, caplog):
+    """Two releases in one run: the second group's engines are launched while the first runs; the records are
+    those of a run without it (same mismatch counts: CPU forwards are deterministic)."""
+    import logging
+
+    monkeypatch.setenv("MOE_LAB_PRESTART", "0")
+    plain = protocol.run(reproduce, P, cases=_two_release_cases())
+    monkeypatch.setenv("MOE_LAB_PRESTART", "1")
+    with caplog.at_level(logging.INFO, logger="moe_lab.controller.cluster"):
+        early = protocol.run(reproduce, P, cases=_two_release_cases())
+    assert "launched 2 spare engines" in caplog.text and "(launched early)" in caplog.text
+    assert [r["megatron_core"] for r in early] == [r["megatron_core"] for r in plain] == [
+        compat.installed_version(), OTHER]
+    assert [r["rerun"]["n_mismatch"] for r in early] == [r["rerun"]["n_mismatch"] for r in plain]
+    assert [r["cross_rank"]["n_mismatch"] for r in early] == [r["cross_rank"]["n_mismatch"] for r in plain]
+
+
+def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import psutil
+
+    monkeypatch.setenv("MOE_LAB_PRESTART", "1")
+    before = {p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmd(p))}
+    with shared.for_run(protocol.shared_config(P), tmp_path / "cluster.json") as c:
+        with caplog.at_level(logging.INFO, logger="moe_lab.experiments.protocol"):
+            recs = protocol.run(reproduce, P, cases=_two_release_cases())
+        assert "launching the next group's own cluster now" in caplog.text
+        assert [r["shared_cluster"] for r in recs] == [True, False]
+        assert [r["megatron_core"] for r in recs] == [compat.installed_version(), OTHER]
+        assert all(h["ok"] for h in c.health_check())  # the shared cluster stays for the next notebook
+    left = {p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmd(p))} - before
+    assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _cmd(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:  # noqa: BLE001 - gone or not ours
+        return []
