@@ -44,6 +44,10 @@ SETTINGS = {
     "routing replay": ({"router_dtype": "fp32", "options": ("moe_enable_routing_replay",)}, "routing_replay"),
     "moe_permute_fusion": ({"options": ("moe_permute_fusion",)}, "none"),
     "moe_router_fusion": ({"options": ("moe_router_fusion",)}, "none"),
+    # everything at once, for the gradients under truncation: fixed routing, fixed kernels, fixed combine order
+    "deterministic + ordered_combine+no_splitk + routing replay": (
+        {"router_dtype": "fp32", "deterministic": True, "options": ("moe_enable_routing_replay",)},
+        "routing_replay+ordered_combine+no_splitk"),
 }
 GRADS = ("out", "dx", "router_grad")
 
@@ -117,9 +121,10 @@ def _remedy(layer, remedy: str, phase: str):
     from .remedies import toggles
 
     with contextlib.ExitStack() as st:
-        if remedy == "routing_replay":
+        if remedy.startswith("routing_replay"):  # alone, or with lab toggles after a '+'
             st.enter_context(compat.routing_replay(layer, "replay" if phase == "truncated" else "record"))
-        elif remedy == "batch_invariant_mode":
+            remedy = remedy[len("routing_replay"):].lstrip("+") or "none"
+        if remedy == "batch_invariant_mode":
             st.enter_context(compat.batch_invariant_mode())
         elif remedy == "fp32_grad_reduce":
             st.enter_context(compat.fp32_gather_grad_reduce())

@@ -9,7 +9,7 @@ from moe_lab.experiments import compound, protocol
 pytestmark = pytest.mark.cluster
 
 SETTINGS = ["plain", "router fp32", "router fp32 + fp32 grad reduce", "routing replay", "batch_invariant_mode",
-            "moe_permute_fusion"]
+            "moe_permute_fusion", "deterministic + ordered_combine+no_splitk + routing replay"]
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,10 @@ def test_expert_weight_gradients_and_routing_replay(recs):
         replay = _back(recs, d, "routing replay")
         assert replay["experts_truncation"]["bitwise_equal"] and replay["experts_rerun"]["bitwise_equal"]
         assert replay["truncation_dx"]["bitwise_equal"] and replay["truncation_out"]["bitwise_equal"]
+    # every remedy at once (the routing replayed and the lab's toggles entered together): the same, and it ran
+    both = _back(recs, "allgather", "deterministic + ordered_combine+no_splitk + routing replay")
+    assert both["available"] and both["remedy"] == "routing_replay+ordered_combine+no_splitk" and both["deterministic"]
+    assert both["experts_truncation"]["bitwise_equal"] and both["truncation_dx"]["bitwise_equal"]
 
 
 def test_unavailable_options_are_findings_not_crashes(recs):

@@ -1,0 +1,50 @@
+"""compound._remedy: a setting's remedy string enters what it names, and only that."""
+
+import contextlib
+
+import pytest
+
+from moe_lab.engine import compat
+from moe_lab.experiments import compound, remedies
+
+
+@pytest.fixture
+def entered(monkeypatch):
+    log = []
+
+    def ctx(name):
+        @contextlib.contextmanager
+        def cm(*a, **k):
+            log.append((name, a[1:], k))
+            yield
+        return cm
+
+    monkeypatch.setattr(compat, "routing_replay", ctx("routing_replay"))
+    monkeypatch.setattr(compat, "batch_invariant_mode", ctx("batch_invariant_mode"))
+    monkeypatch.setattr(compat, "fp32_gather_grad_reduce", ctx("fp32_grad_reduce"))
+    monkeypatch.setattr(remedies, "toggles", ctx("toggles"))
+    return log
+
+
+@pytest.mark.parametrize("remedy, phase, want", [
+    ("none", "full", []),
+    ("routing_replay", "full", [("routing_replay", ("record",), {})]),
+    ("routing_replay", "truncated", [("routing_replay", ("replay",), {})]),
+    ("routing_replay+ordered_combine+no_splitk", "truncated",
+     [("routing_replay", ("replay",), {}), ("toggles", (), {"remedy": "ordered_combine+no_splitk"})]),
+    ("ordered_combine+no_splitk", "full", [("toggles", (), {"remedy": "ordered_combine+no_splitk"})]),
+    ("batch_invariant_mode", "full", [("batch_invariant_mode", (), {})]),
+    ("fp32_grad_reduce", "full", [("fp32_grad_reduce", (), {})]),
+])
+def test_a_remedy_enters_what_it_names(entered, remedy, phase, want):
+    with compound._remedy(object(), remedy, phase):
+        pass
+    assert entered == want
+
+
+def test_every_setting_names_a_remedy_that_enters_something_or_nothing_on_purpose(entered):
+    for name, (_, remedy) in compound.SETTINGS.items():
+        entered.clear()
+        with compound._remedy(object(), remedy, "truncated"):
+            pass
+        assert bool(entered) == (remedy != "none"), name
