@@ -48,6 +48,9 @@ SETTINGS = {
     "deterministic + ordered_combine+no_splitk + routing replay": (
         {"router_dtype": "fp32", "deterministic": True, "options": ("moe_enable_routing_replay",)},
         "routing_replay+ordered_combine+no_splitk"),
+    "deterministic + ordered_combine+no_splitk + routing replay + fp32 grad reduce": (
+        {"router_dtype": "fp32", "deterministic": True, "options": ("moe_enable_routing_replay",)},
+        "routing_replay+fp32_grad_reduce+ordered_combine+no_splitk"),
 }
 GRADS = ("out", "dx", "router_grad")
 
@@ -115,21 +118,24 @@ def _loss_weights(cfg, device):
 
 @contextlib.contextmanager
 def _remedy(layer, remedy: str, phase: str):
-    """The case's remedy for one step: lab toggles, megatron's batch_invariant_mode, or routing replay (recorded on
-    the full input, replayed on the truncated one, so every expert GEMM gets the rows it had)."""
+    """The case's remedy for one step, one or several joined by '+': the lab's toggles, megatron's
+    batch_invariant_mode, an fp32 gradient reduce, routing replay (recorded on the full input, replayed on the
+    truncated one, so every expert GEMM gets the rows it had)."""
     from ..engine import compat
     from .remedies import toggles
 
+    parts = remedy.split("+")  # megatron's options and the lab's toggles, entered together
+    own = [p for p in parts if p in ("routing_replay", "batch_invariant_mode", "fp32_grad_reduce")]
+    lab = "+".join(p for p in parts if p not in own and p != "none")
     with contextlib.ExitStack() as st:
-        if remedy.startswith("routing_replay"):  # alone, or with lab toggles after a '+'
+        if "routing_replay" in own:
             st.enter_context(compat.routing_replay(layer, "replay" if phase == "truncated" else "record"))
-            remedy = remedy[len("routing_replay"):].lstrip("+") or "none"
-        if remedy == "batch_invariant_mode":
+        if "batch_invariant_mode" in own:
             st.enter_context(compat.batch_invariant_mode())
-        elif remedy == "fp32_grad_reduce":
+        if "fp32_grad_reduce" in own:
             st.enter_context(compat.fp32_gather_grad_reduce())
-        elif remedy != "none":
-            st.enter_context(toggles(layer, remedy=remedy))
+        if lab:
+            st.enter_context(toggles(layer, remedy=lab))
         yield
 
 

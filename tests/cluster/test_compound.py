@@ -9,7 +9,8 @@ from moe_lab.experiments import compound, protocol
 pytestmark = pytest.mark.cluster
 
 SETTINGS = ["plain", "router fp32", "router fp32 + fp32 grad reduce", "routing replay", "batch_invariant_mode",
-            "moe_permute_fusion", "deterministic + ordered_combine+no_splitk + routing replay"]
+            "moe_permute_fusion", "deterministic + ordered_combine+no_splitk + routing replay",
+            "deterministic + ordered_combine+no_splitk + routing replay + fp32 grad reduce"]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,9 @@ def test_expert_weight_gradients_and_routing_replay(recs):
     both = _back(recs, "allgather", "deterministic + ordered_combine+no_splitk + routing replay")
     assert both["available"] and both["remedy"] == "routing_replay+ordered_combine+no_splitk" and both["deterministic"]
     assert both["experts_truncation"]["bitwise_equal"] and both["truncation_dx"]["bitwise_equal"]
+    assert not both["cross_dx"]["bitwise_equal"]  # the control: the backward's bf16 reduce-scatter still differs
+    every = _back(recs, "allgather", "deterministic + ordered_combine+no_splitk + routing replay + fp32 grad reduce")
+    assert every["available"] and compound.grads_agree(every)
 
 
 def test_unavailable_options_are_findings_not_crashes(recs):
