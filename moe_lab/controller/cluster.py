@@ -72,14 +72,13 @@ class Cluster:
     def start(self) -> "Cluster":
         if self.client is not None and self.engine_ids:
             return self
-        cfg = self.config
         t0 = time.perf_counter()
         try:
             if self.client is None:
                 self.launch()
             else:  # launched early (protocol: the next group's cluster): its engines may have registered already
                 t0 = self._launched_at
-            self._take_spare(previous=set())
+            self._take_spare()
             self.timings["engines_s"] = time.perf_counter() - t0
             self._bring_up()
             self.timings["ready_s"] = time.perf_counter() - t0
@@ -163,7 +162,7 @@ class Cluster:
                 old |= _registered(self.client)
                 self._spare = {"set": self._ipp.start_engines_sync(n=self.config.engines), "previous": old,
                                "ids": None, "warmed": None}
-            self._take_spare(previous=self._spare["previous"])
+            self._take_spare()
             self.timings["engines_s"] = time.perf_counter() - t0
             self._bring_up()
         except BaseException:
@@ -226,11 +225,11 @@ class Cluster:
         return (("device", cfg.device), ("extra_path", tuple(cfg.extra_path)), ("env", dict(cfg.env)),
                 ("deterministic", cfg.deterministic))
 
-    def _take_spare(self, previous: set) -> None:
-        """Make the spare engine set (launched by launch/prestart/restart) the cluster's engines."""
+    def _take_spare(self) -> None:
+        """Make the spare engine set (launched by launch, prestart or restart_engines) the cluster's engines."""
         sp, self._spare = self._spare, None
-        self._engine_set = sp["set"] if sp else None
-        self._attach_engines(previous=sp["previous"] if sp else previous)
+        self._engine_set = sp["set"]
+        self._attach_engines(previous=sp["previous"])
 
     def _attach_engines(self, previous: set) -> None:
         """Wait (start timeout) for `engines` new engines to register, (id, uuid) not in `previous`; ranks follow in
@@ -266,9 +265,10 @@ class Cluster:
         env = dict(cfg.env)
         # The slow imports (torch + megatron-core) first, under the start timeout: engines finish them at
         # different times, and the rendezvous below must not wait that long under timeout_s.
-        self.run(dist.prepare, device=cfg.device, extra_path=tuple(cfg.extra_path), env=env,
-                 deterministic=cfg.deterministic, what="importing torch and megatron-core",
-                 timeout=cfg.start_timeout_s)
+        took = self.run(dist.prepare, device=cfg.device, extra_path=tuple(cfg.extra_path), env=env,
+                        deterministic=cfg.deterministic, what="importing torch and megatron-core",
+                        timeout=cfg.start_timeout_s)
+        self.timings["imports_s"] = max(took)  # ~0 where `warm` had the engines import already
         # Rendezvous on rank 0's host (MASTER_ADDR in env overrides its address, for a host with several networks);
         # rank 0 holds the port from the moment the OS gives it.
         single_host = len({p["node"] for p in self._procs}) == 1

@@ -241,13 +241,11 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                                    f"{env0['megatron_core']}: check `moe-lab versions list`")
             if actual != {k: env0.get(k) for k in ENV_KEY}:  # e.g. a GPU the controller could not name
                 keys = {id(c): case_key(c, actual, cfg_g) for c in todo}
-            nxt = _next_start(cluster, plan[i + 1][:3], wheels) if i + 1 < len(plan) else None
+            nxt = _next_start(cluster, *plan[i + 1][:2], wheels) if i + 1 < len(plan) else None
             if nxt is not None and nxt[0] == "own":
                 pending = nxt[1]
             items = progress(todo, f"{experiment.NAME} ({env0['megatron_core']})") if progress else todo
             for c in items:
-                if nxt is not None:  # the next group's engines import while this group's cases run
-                    (pending or cluster).warm(**nxt[2])
                 recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
                 if results is not None:
                     results_file.append(results, recs)  # streamed: an interrupted run keeps every finished case
@@ -255,7 +253,7 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     if on_record:
                         on_record(r)
                 by_case[id(c)] = recs
-                if nxt is not None:
+                if nxt is not None:  # the next group's engines import while this group's cases run
                     (pending or cluster).warm(**nxt[2])
     except BaseException as e:
         if pending is not None:
@@ -319,7 +317,7 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     return out
 
 
-def _changes(cluster_cfg: ClusterConfig, ccfg: ClusterConfig, release: str, wheels: str | None) -> dict:
+def _changes(ccfg: ClusterConfig, release: str, wheels: str | None) -> dict:
     """The fields engines read at start that a group needs (its release's path, engine env, deterministic start)."""
     changes = dict(extra_path=release_path(release, wheels), env=ccfg.env)
     if ccfg.device == "cuda":
@@ -327,15 +325,14 @@ def _changes(cluster_cfg: ClusterConfig, ccfg: ClusterConfig, release: str, whee
     return changes
 
 
-def _next_start(cluster, nxt: tuple, wheels: str | None):
+def _next_start(cluster, cfg_n: ClusterConfig, release: str, wheels: str | None):
     """Get the next group's engines going while this group runs (GPU nodes and machines with cores to spare:
     `prestart_wanted`): ('spare', None, changes) — the cluster's next engine set, launched now —, ('own', Cluster,
     changes) — a cluster of its own launched now, where this one is a run's shared cluster —, or None (same
     engines serve the next group, or no early start wanted)."""
     from ..controller.cluster import Cluster, prestart_wanted
 
-    cfg_n, release, _ = nxt
-    changes = _changes(cluster.config, cfg_n, release, wheels)
+    changes = _changes(cfg_n, release, wheels)
     if not any(getattr(cluster.config, k) != v for k, v in changes.items()) or not prestart_wanted(cluster.config):
         return None
     if cluster.attached:
@@ -349,7 +346,7 @@ def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: s
     and what is left of `pending` (a cluster launched early for this group: started here, or None)."""
     from ..controller.cluster import Cluster
 
-    changes = _changes(cluster.config if cluster is not None else ccfg, ccfg, release, wheels)
+    changes = _changes(ccfg, release, wheels)
     from ..controller import shared
 
     if cluster is None:

@@ -45,8 +45,8 @@ def test_a_restart_takes_the_spare_engines_warmed_for_its_release():
         c.restart_engines(extra_path=other)
         assert c.engine_ids == spare_ids and c.summary()["megatron_core"] == OTHER
         assert not set(old) & set(_engines(c)) and len(_engines(c)) == 4
-        # the imports were done before the restart asked for them: the restart is the rendezvous only
-        assert c.timings["restart_s"] < 5.0, c.timings
+        # the imports were done before the restart asked for them (warm): the restart's own import call finds them
+        assert c.timings["imports_s"] < 0.5, c.timings
         assert all(h["ok"] for h in c.health_check())
 
 
@@ -60,6 +60,7 @@ def test_a_spare_warmed_for_another_release_is_not_used():
         spare_ids = list(c._spare["ids"])
         c.restart_engines(extra_path=(), env=(("MOE_LAB_TEST_X", "1"),))
         assert c.summary()["megatron_core"] == compat.installed_version()
+        assert c.timings["imports_s"] > 0.5, c.timings  # fresh engines import torch + megatron-core themselves
         assert not set(c.engine_ids) & set(spare_ids) and len(_engines(c)) == 4
         assert c.run(os.getenv, "MOE_LAB_TEST_X") == ["1", "1"]
 
@@ -114,7 +115,7 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tm
     import psutil
 
     monkeypatch.setenv("MOE_LAB_PRESTART", "1")
-    before = {p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmd(p))}
+    before = _our_ipp_processes()
     with shared.for_run(protocol.shared_config(P), tmp_path / "cluster.json") as c:
         with caplog.at_level(logging.INFO, logger="moe_lab.experiments.protocol"):
             recs = protocol.run(reproduce, P, cases=_two_release_cases())
@@ -122,12 +123,19 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tm
         assert [r["shared_cluster"] for r in recs] == [True, False]
         assert [r["megatron_core"] for r in recs] == [compat.installed_version(), OTHER]
         assert all(h["ok"] for h in c.health_check())  # the shared cluster stays for the next notebook
-    left = {p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmd(p))} - before
+    left = _our_ipp_processes() - before
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def _cmd(p) -> list[str]:
-    try:
-        return p.cmdline()
-    except Exception:  # noqa: BLE001 - gone or not ours
-        return []
+def _our_ipp_processes() -> set[int]:
+    """The ipyparallel controllers, engines and nannies this test process started (not another session's)."""
+    import psutil
+
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if any("ipyparallel" in a for a in p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return out
