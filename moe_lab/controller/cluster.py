@@ -151,17 +151,16 @@ class Cluster:
                 processes.kill_engines(self._profile_dir, only=[p["pid"] for p in self._procs])
                 if self._engine_set is not None:
                     self._ipp.stop_engines_sync(self._engine_set)
-                self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
             else:
                 # Process groups are torn down: end the engines at once (SIGTERM costs seconds per engine with
                 # torch loaded), then let ipyparallel reap them and forget their engine set.
                 processes.kill_engines(self._profile_dir)
                 self._ipp.stop_engines_sync()
-                self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
                 # Killed engines stay registered until the hub's heartbeat drops them: every engine known now is old.
                 old |= _registered(self.client)
                 self._spare = {"set": self._ipp.start_engines_sync(n=self.config.engines), "previous": old,
                                "ids": None, "warmed": None}
+            self.info, self._procs, self.rendezvous, self.engine_ids, self.view = [], [], None, [], None
             self._take_spare()
             self.timings["engines_s"] = time.perf_counter() - t0
             self._bring_up()

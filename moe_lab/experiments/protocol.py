@@ -229,11 +229,11 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     experiment.NAME, env0["megatron_core"], len(todo),
                     sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
         if todo:
-            plan.append((cfg_g, release, det_env, env0, keys, todo))
+            plan.append((cfg_g, release, env0, keys, todo))
     pending = None  # the next group's own cluster, launched early (after a shared one)
     try:
-        for i, (cfg_g, release, det_env, env0, keys, todo) in enumerate(plan):
-            cluster, pending = _ensure(cluster, cfg_g, release, det_env, wheels, pending)
+        for i, (cfg_g, release, env0, keys, todo) in enumerate(plan):
+            cluster, pending = _ensure(cluster, cfg_g, release, wheels, pending)
             env = environment(cluster)
             actual = {k: env.get(k) for k in ENV_KEY}
             if actual["megatron_core"] != env0["megatron_core"]:
@@ -325,6 +325,10 @@ def _changes(ccfg: ClusterConfig, release: str, wheels: str | None) -> dict:
     return changes
 
 
+def _differs(cfg: ClusterConfig, changes: dict) -> bool:
+    return any(getattr(cfg, k) != v for k, v in changes.items())
+
+
 def _next_start(cluster, cfg_n: ClusterConfig, release: str, wheels: str | None):
     """Get the next group's engines going while this group runs (GPU nodes and machines with cores to spare:
     `prestart_wanted`): ('spare', None, changes) — the cluster's next engine set, launched now —, ('own', Cluster,
@@ -333,7 +337,7 @@ def _next_start(cluster, cfg_n: ClusterConfig, release: str, wheels: str | None)
     from ..controller.cluster import Cluster, prestart_wanted
 
     changes = _changes(cfg_n, release, wheels)
-    if not any(getattr(cluster.config, k) != v for k, v in changes.items()) or not prestart_wanted(cluster.config):
+    if not _differs(cluster.config, changes) or not prestart_wanted(cluster.config):
         return None
     if cluster.attached:
         logger.info("launching the next group's own cluster now (this one is the run's shared cluster)")
@@ -341,7 +345,7 @@ def _next_start(cluster, cfg_n: ClusterConfig, release: str, wheels: str | None)
     return ("spare", None, changes) if cluster.prestart() else None
 
 
-def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: str | None, pending=None):
+def _ensure(cluster, ccfg: ClusterConfig, release: str, wheels: str | None, pending=None):
     """A running cluster whose engines import `release` (and on GPUs start with the deterministic environment),
     and what is left of `pending` (a cluster launched early for this group: started here, or None)."""
     from ..controller.cluster import Cluster
@@ -351,11 +355,11 @@ def _ensure(cluster, ccfg: ClusterConfig, release: str, det_env: bool, wheels: s
 
     if cluster is None:
         target = ccfg.replace(**changes)
-        return (shared.attach(target) or (pending or Cluster(target)).start()), None
+        return shared.attach(target) or Cluster(target).start(), pending
     if cluster.client is None:
         cluster.config = cluster.config.replace(**changes)
         return cluster.start(), pending
-    if any(getattr(cluster.config, k) != v for k, v in changes.items()):
+    if _differs(cluster.config, changes):
         if cluster.attached:  # the run's shared cluster stays as it is for the next notebook
             cluster.stop()
             if pending is not None and pending.config == cluster.config.replace(**changes):
