@@ -266,6 +266,7 @@ def describe() -> dict:
         "backend": tdist.get_backend(),
         "device": STATE.get("device"),
         "gpu": torch.cuda.get_device_name(STATE["gpu_index"]) if cuda else None,
+        "gpu_uuid": provenance.gpu_uuid(STATE["gpu_index"]) if cuda else None,
         "gpu_index": STATE.get("gpu_index"),
         "ranks_per_gpu": rpg if cuda else None,
         "placement": ("one rank per GPU" if rpg == 1 else f"{rpg} ranks share each GPU (virtual EP)") if cuda
@@ -284,6 +285,7 @@ def describe() -> dict:
         "ep_rank": ps.get_expert_model_parallel_rank(),
         "env": provenance.numerics_env(),
         "switches": provenance.torch_switches(),
+        "cpu": provenance.cpu_info(),
     }
 
 

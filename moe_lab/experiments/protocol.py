@@ -147,12 +147,15 @@ def key_fields(case: Case, env: dict, ccfg: ClusterConfig) -> dict:
 
 
 def environment(cluster) -> dict:
-    """What every record carries about where it was measured: rank 0's description (versions, placement, numerics
-    env and switches) without per-rank fields, and the lab's code version."""
+    """What every record carries about where it was measured: rank 0's description (versions, placement, GPU name
+    and UUID, CPU model / ISA / BLAS build, numerics env and switches) without per-rank fields, the UUIDs of every
+    rank's GPU, and the lab's code version."""
     from .. import provenance
 
     i0 = cluster.info[0] if cluster.info else {}
     env = {k: v for k, v in i0.items() if k not in _PER_RANK and not k.startswith("t_")}
+    uuids = sorted({i["gpu_uuid"] for i in cluster.info or [] if i.get("gpu_uuid")})
+    env["gpu_uuids"] = uuids or None  # every rank's GPU (gpu_uuid: rank 0's)
     env["code"] = provenance.code_version()
     env["shared_cluster"] = bool(getattr(cluster, "attached", False))  # the run's cluster (controller.shared)
     return env
