@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("b", help="results.json (or its report directory) of placement B")
     cmp.add_argument("--factor", type=float, default=2.0, help="magnitudes agree within this factor (default 2)")
 
+    fnd = sub.add_parser("findings", help="the findings of a report folder from its results.json alone (no engines, "
+                                          "no torch): status, claim and evidence per finding")
+    fnd.add_argument("report", nargs="+", help="report folder(s) (or their results.json)")
+    fmt = fnd.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="every finding as JSON (one object per report)")
+    fmt.add_argument("--markdown", action="store_true", help="the card findings as markdown (the README's block)")
+
     from . import bench
 
     b = sub.add_parser("bench", help="the warm lab against one fresh spawn per config: ready time, sweep, capture "
@@ -248,17 +255,43 @@ def cmd_wheelhouse(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from ..experiments import protocol
-    from ..reporting import compare, results
+    from ..reporting import compare
 
-    def load(p):
-        path = Path(p)
-        path = path / "results.json" if path.is_dir() else path
-        if not path.is_file():
-            raise ValueError(f"{p}: no results.json there")
-        return protocol.latest(results.load(path), path.parent)
+    print(compare.summary(load_report(a.a)[1], load_report(a.b)[1], factor=a.factor))
+    return 0
 
-    print(compare.summary(load(a.a), load(a.b), factor=a.factor))
+
+def load_report(p: str) -> tuple[Path, list[dict]]:
+    """A report folder (or its results.json) → (folder, the records its notebooks' latest runs showed)."""
+    from ..reporting import results
+
+    path = Path(p)
+    path = path / "results.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"{p}: no results.json there (give a report folder, e.g. reports/cpu-2026-12-01)")
+    try:
+        records = results.load(path)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    return path.parent, results.latest(records, path.parent)
+
+
+def cmd_findings(a) -> int:
+    from ..findings import registry, render
+
+    out = []
+    for p in a.report:
+        folder, records = load_report(p)
+        by_nb = registry.findings(records)
+        if a.json:
+            out.append({"report": str(folder), "records": len(records),
+                        "findings": {nb: [f.to_dict() for f in fs] for nb, fs in by_nb.items()},
+                        "headlines": {nb: registry.headline(fs) for nb, fs in by_nb.items()}})
+        elif a.markdown:
+            out.append(render.markdown(folder.name, by_nb))
+        else:
+            out.append(f"# {folder} ({len(records)} records)\n" + render.terminal(by_nb))
+    print(json.dumps(out if len(out) > 1 else out[0], indent=1, default=str) if a.json else "\n\n".join(out))
     return 0
 
 
@@ -312,7 +345,8 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("megatron").setLevel(logging.DEBUG if debug else logging.WARNING)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
-               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare}[a.cmd]
+               "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare,
+               "findings": cmd_findings}[a.cmd]
     try:
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched

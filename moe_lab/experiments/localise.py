@@ -246,60 +246,13 @@ def _first_row(records: list[dict], case: dict) -> dict | None:
 
 
 def verdict(records: list[dict]) -> str:
-    """Which stage first diverges per dispatcher and variant (in how many trials), what travels in which dtype, and
-    what the probs all-gather contributes — every clause follows the records (a variant that changes nothing is
-    not called a fix; a claim about copies within a rank is made only where copies differ)."""
-    cases_ = [r for r in records if r.get("record") == "case"]
-    if not cases_:
-        return "No case ran."
-    c0 = cases_[0]
-    lines = [f"megatron-core {c0['megatron_core']}, {c0['world']} EP rank(s) on {c0.get('gpu') or c0['device']} "
-             f"({c0.get('placement', '')}), {c0.get('trials', 1)} trial(s) per case:"]
-    for c in cases_:
-        where = c["first_divergent_stage"]
-        if not c.get("cross_rank_applicable", True):
-            what = "one rank: no stage can be compared across ranks or copies"
-        elif where is None:
-            what = f"every stage agrees across ranks and across copies within a rank, in all {c.get('trials', 1)} trial(s)"
-        else:
-            row = _first_row(records, c)
-            k = f" in {row['n_differ']} of {row['trials']} trials" if row and row.get("trials") else ""
-            what = (f"first divergent stage: {where} ({row['unit'] if row else '?'}{k}); output "
-                    f"{c['out_mismatch_frac']:.3g} of elements differ, max {c['out_max_ulp']:.0f} ULP")
-        lines.append(f"- {c['dispatcher']}, {c['variant']}: probs travel in {c['probs_gather_dtype'] or 'no collective'}"
-                     f", the combine ({c['combine_op']}) runs in {c['combine_dtype']}; {what}")
-    firsts = {c["first_divergent_stage"] for c in cases_} - {None}
-    gather_first = sorted(s for s in firsts if s.startswith("dispatch.comm"))
-    for d in dict.fromkeys(c["dispatcher"] for c in cases_):
-        sub = {c["variant"]: c for c in cases_ if c["dispatcher"] == d}
-        within = [v for v, c in sub.items() if c.get("first_divergent_kind") in (COPIES, COPIES_PER_EXPERT)]
-        if within:
-            lines.append(f"- {d}: identical copies of the same token already differ *within one rank* at "
-                         f"{', '.join(sorted({sub[v]['first_divergent_stage'] for v in within}))} "
-                         f"({', '.join(within)}): that accumulation is run-to-run nondeterministic on this device"
-                         + (" and none of the probs-path variants removes it" if len(within) == len(sub) else "")
-                         + "; notebook 03 measures deterministic mode against it.")
-        plain = sub.get("bf16 (nothing)")
-        if plain is None or plain["first_divergent_stage"] is None:
-            continue
-        fixed = [v for v, c in sub.items() if v != "bf16 (nothing)" and c["first_divergent_stage"] is None]
-        kept = [v for v, c in sub.items() if v != "bf16 (nothing)" and c["first_divergent_stage"] is not None]
-        lines.append(f"- {d}: plain bf16 diverges from {plain['first_divergent_stage']}; "
-                     + (f"{' and '.join(fixed)} make(s) every stage agree" if fixed else "no variant removes it")
-                     + (f"; {' and '.join(kept)} do(es) not" if kept and fixed else "") + ".")
-    gathered = [r for r in records if r.get("record") == "stage" and r["stage"] == "dispatch.comm.probs"
-                and r.get("kind") == REPLICATED]
-    if gather_first:
-        lines.append(f"Verdict: divergence already appears at {', '.join(gather_first)} (the dispatch "
-                     "communication itself).")
-    elif firsts:
-        lines.append(("Verdict: the probs all-gather copies bits (gathered probs bitwise equal on every rank in every "
-                      "trial); " if gathered and all(r.get("bitwise_equal") for r in gathered) else "Verdict: ")
-                     + f"divergence first appears at {', '.join(sorted(firsts))}, in the accumulation after the "
-                     "dispatch.")
-    elif all(c.get("cross_rank_applicable", True) for c in cases_):
-        lines.append("Verdict: no stage diverges across ranks on this setup.")
-    return "\n".join(lines)
+    """Notebook 02's verdict: its findings (moe_lab.findings.localise), rendered."""
+    from ..findings import localise as found, render
+
+    c0 = next((r for r in records if r.get("record") == "case"), None)
+    title = (f"megatron-core {c0['megatron_core']}, {c0['world']} EP rank(s) on {c0.get('gpu') or c0['device']} "
+             f"({c0.get('placement', '')}), {c0.get('trials', 1)} trial(s) per case:") if c0 else ""
+    return render.verdict(found.findings(records), title=title)
 
 
 __all__ = ["cases", "on_engine", "records", "verdict", "stage_rows", "first_divergent", "comparison_kind", "grad_kind",

@@ -152,7 +152,10 @@ def headline(rec: dict) -> str:
 
 
 def verdict(records: list[dict]) -> str:
-    return "\n".join(headline(r) for r in records) or "No case ran."
+    """`moe-lab probe`'s summary: notebook 01's findings over the probe's records, rendered."""
+    from ..findings import render, reproduce as found
+
+    return render.verdict(found.findings(records))
 
 
 __all__ = ["case", "cases", "on_engine", "records", "summarise", "describe_cmp", "headline", "verdict",

@@ -75,6 +75,10 @@ class Cost:
         if self.figure == "compute":
             s = f"{s} in compute (transport-bound: collectives {self.collective_share:.0%} of the plain forward"
             s += f"; wall {self.wall_ratio:.2f}x)" if isinstance(self.wall_ratio, (int, float)) else ")"
+        elif self.collective_share is not None:
+            s += f" wall time (collectives {self.collective_share:.0%} of the plain forward)"
+        elif "virtual EP" in self.placement:
+            s += " wall time (collective share not recorded: on virtual EP the wall time may be mostly transport)"
         res = self.resolved
         if res is False:
             s += ", no measurable cost"

@@ -140,7 +140,7 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
                          + ("equal" if r["truncation"]["bitwise_equal"] else "still differ")
                          + ", rerun " + ("equal" if r["rerun"]["bitwise_equal"] else "differs"))
     notes = (["alone — " + "; ".join(alone)] if alone else []) + \
-            ([f"not run here: " + "; ".join(f"{rem_label(r['remedy'], r.get('tile'))} ({r.get('reason')})" for r in na)]
+            (["not run here: " + "; ".join(f"{rem_label(r['remedy'], r.get('tile'))} ({r.get('reason')})" for r in na)]
              if na else [])
     if plain.get("device") == "cpu" and ch["name"]:
         notes.append("CPU time, not a GPU cost")

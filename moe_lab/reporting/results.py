@@ -99,3 +99,19 @@ def tidy(records: list[dict]):
     rows = [{k: v for k, v in r.items() if k not in ("detail", "config")} | {"config": json.dumps(r.get("config"))}
             for r in records]
     return pd.json_normalize(rows, sep=".")
+
+
+def latest(records: list[dict], out_dir: str | os.PathLike) -> list[dict]:
+    """The records each notebook's latest run showed (per `cases-NN.json`); a notebook without one keeps all."""
+    out = []
+    records = [r for r in records if isinstance(r, dict)]
+    for nb in dict.fromkeys(r.get("notebook") for r in records):
+        p = Path(out_dir) / f"cases-{nb}.json"
+        mine = [r for r in records if r.get("notebook") == nb]
+        try:
+            keys = set(json.loads(p.read_text())["keys"]) if p.exists() else None
+        except (OSError, json.JSONDecodeError, KeyError):
+            keys = None
+        out += mine if keys is None else [r for r in mine if r.get("case_key") in keys]
+    return out
+

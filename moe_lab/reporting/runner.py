@@ -210,8 +210,9 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
     except results.ResultsFileError:
         records = []
     for r in rows:
-        r["finding"], r["headline"] = _guarded(summary.headline, ("n/a", "(its records could not be summarised)"),
-                                               r["notebook"], records) if r["status"] == "ok" else ("n/a", "")
+        r["finding"], r["headline"] = _guarded(summary.headline, ("NOT MEASURED", "(its records could not be "
+                                               "summarised)"), r["notebook"], records) if r["status"] == "ok" \
+            else ("NOT MEASURED", f"the notebook did not finish ({r['status']}): nothing is claimed from it")
     trs = []
     for r in rows:
         ok = r["status"] == "ok"
@@ -234,11 +235,13 @@ machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every state
 <h2>Notebooks</h2><table><tr><th>#</th><th>question</th><th>run</th><th>finding</th><th>HTML</th></tr>
 {''.join(trs)}</table>
 <h2>Where these numbers come from</h2>{summary.render_provenance(_guarded(summary.provenance, {}, records))}
-<p><small>generated {html.escape(str(meta.get('date', '')))} by moe-lab run, profile {html.escape(str(meta.get('profile')))}
+<p><small>run started {html.escape(str(meta.get('date', '')))}; page generated
+{html.escape(summary.generated_after(records))} by moe-lab run, profile {html.escape(str(meta.get('profile')))}
 </small></p></body></html>"""
     p = out_dir / "index.html"
     p.write_text(page)
-    (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows, "cards": cards}, indent=1,
+    (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows,
+                                                               "cards": summary.card_json(cards)}, indent=1,
                                                    default=str))
     return p
 
