@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 
 from ..config import ClusterConfig, MoEConfig
 from ..reporting import results as results_file
+from ..reporting.results import latest  # noqa: F401 - the records a notebook's latest run showed
 
 logger = logging.getLogger(__name__)
 
@@ -291,19 +292,6 @@ def note_run(results: str | os.PathLike, notebook: str, keys: list[str]) -> None
     tmp.write_text(json.dumps({"run_id": RUN_ID, "keys": old + [k for k in keys if k not in old]}))
     os.replace(tmp, p)
 
-
-def latest(records: list[dict], out_dir: str | os.PathLike) -> list[dict]:
-    """The records each notebook's latest run showed (per `cases-NN.json`); a notebook without one keeps all."""
-    out = []
-    for nb in dict.fromkeys(r.get("notebook") for r in records):
-        p = Path(out_dir) / f"cases-{nb}.json"
-        mine = [r for r in records if r.get("notebook") == nb]
-        try:
-            keys = set(json.loads(p.read_text())["keys"]) if p.exists() else None
-        except (OSError, json.JSONDecodeError, KeyError):
-            keys = None
-        out += mine if keys is None else [r for r in mine if r.get("case_key") in keys]
-    return out
 
 
 def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str) -> list[dict]:

@@ -164,7 +164,10 @@ def groups(recs: list[dict], *fields) -> dict[tuple, list[dict]]:
     """Records by subject (release, dispatcher, placement, layer, + fields): findings never merge across them."""
     out: dict = {}
     for r in recs:
-        s = subject_of(r)
+        try:
+            s = subject_of(r)
+        except (KeyError, TypeError, ValueError, AttributeError):  # unreadable: its own group, guarded() says so
+            s = {"release": "?", "dispatcher": "?", "placement": "?", "layer": "?"}
         key = (s["release"], s["dispatcher"], s["placement"], s["layer"]) + tuple(str(r.get(f)) for f in fields)
         out.setdefault(key, []).append(r)
     return dict(sorted(out.items(), key=lambda kv: (vt(kv[0][0]),) + tuple(str(x) for x in kv[0][1:])))

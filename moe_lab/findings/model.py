@@ -159,8 +159,9 @@ def placement_label(rec: dict) -> str:
     world, backend, dev = rec.get("world"), rec.get("backend"), rec.get("device")
     rpg = rec.get("ranks_per_gpu") or 1
     gpu = rec.get("gpu")
-    if dev == "cuda" and rpg > 1:
-        return f"{world} ranks share {'one GPU' if world == rpg else f'{world // rpg} GPUs'} ({gpu}) over {backend} — virtual EP"
+    if dev == "cuda" and isinstance(rpg, int) and rpg > 1:
+        gpus = "one GPU" if world == rpg or not isinstance(world, int) else f"{world // rpg} GPUs"
+        return f"{world} ranks share {gpus} ({gpu}) over {backend} — virtual EP"
     if dev == "cuda":
         return f"{world} rank(s), one per GPU ({gpu}), over {backend}"
     if dev == "cpu":
@@ -178,7 +179,13 @@ def env_label(rec: dict) -> str:
 
 
 def case_keys(recs) -> list[str]:
-    return [str(r["case_key"]) for r in recs if isinstance(r, dict) and r.get("case_key")]
+    """The records' case keys; a record without one (an older layout) is named by a hash of its content."""
+    import hashlib
+    import json
+
+    return [str(r["case_key"]) if r.get("case_key") else
+            "unkeyed:" + hashlib.sha256(json.dumps(r, sort_keys=True, default=str).encode()).hexdigest()[:12]
+            for r in recs if isinstance(r, dict)]
 
 
 def commits_of(recs) -> list[str]:

@@ -56,7 +56,8 @@ def _group(cells: list[dict]) -> list[Finding]:
     costs = {remedy_name(r): cost(r, plain, r) for r in good}
     ch = choose(list(costs.items()), simplicity)
     head = (f"{who}: plain bf16 ranks {describe(c)}; a rerun: {describe(plain['rerun'])}. "
-            f"{len(good)} of {len(cells) - 1} settings give bitwise-equal ranks and reruns in every trial")
+            + (f"{len(good)} of {len(cells) - 1} other settings give bitwise-equal ranks and reruns in every trial"
+               if len(cells) > 1 else "no other setting was measured"))
     if ch["name"] is None:
         return [Finding(EXPERIMENT, QUESTION, subj, FAIL, head + "; no setting of the grid does",
                         Evidence(records=case_keys(cells), trials=trials(c)), card=True, commits=commits)]
@@ -80,8 +81,10 @@ def findings(records: list[dict]) -> list[Finding]:
         out.append(Finding(EXPERIMENT, "not applicable", {**subject_of(sub[0]), "dispatcher": "any"}, NA,
                            f"megatron-core {why[0]}: {len(sub)} cell(s) not applicable ({why[1]})",
                            Evidence(records=case_keys(sub)), commits=commits_of(sub)))
-    if not ran and not skipped:
-        return []
+    if skipped and not ran:
+        out.append(Finding(EXPERIMENT, QUESTION, subject_of(skipped[0]), NOT_MEASURED, f"no cell ran ({len(skipped)} not "
+                           "applicable in their release): nothing is said about the ranks or a fix",
+                           Evidence(records=case_keys(skipped)), card=True, commits=commits_of(skipped)))
     return out
 
 

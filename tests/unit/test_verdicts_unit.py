@@ -1,28 +1,20 @@
-"""Every verdict follows its records (#14): records that contradict the CPU story (fp32 does not help, a remedy
-fails in one trial, EP=2 where a+b=b+a, costs inside the noise, one rank) and the text that must follow them."""
+"""Every finding follows its records (#14, #26): records that contradict the CPU story (fp32 does not help, a remedy
+fails in one trial, EP=2 where a+b=b+a, costs inside the noise, one rank, only emulated cases) and the status, claim
+and remedy that must follow them — the same findings the notebooks' verdicts and the index cards render."""
 
-import pytest
+from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01
 
-from moe_lab.experiments import localise, promotion, reproduce, truncation_verdict as V
-
-
-def cmp(n=0, trials=5, n_differ=None, numel=1000):
-    n_differ = (trials if n else 0) if n_differ is None else n_differ
-    return {"numel": numel, "n_mismatch": n, "mismatch_frac": n / numel, "bitwise_equal": n == 0 and n_differ == 0,
-            "max_ulp": 3.0 if n else 0.0, "max_abs": 0.01 if n else 0.0, "allclose_1e3": n == 0, "assert_close": True,
-            "trials": trials, "n_differ": n_differ, "per_trial": [n if i < n_differ else 0 for i in range(trials)]}
+from moe_lab.findings import FAIL, MIXED, NA, NOT_MEASURED, PASS, compound, localise, promotion, registry, reproduce
+from moe_lab.findings import render, truncation
+from moe_lab.experiments import reproduce as reproduce_nb
 
 
-ENV = dict(megatron_core="0.16.1", world=4, device="cuda", gpu="NVIDIA H200", backend="gloo", ranks_per_gpu=4,
-           placement="4 ranks share each GPU (virtual EP)")
+def by(fs, question=None, **subject):
+    return [f for f in fs if (question is None or f.question == question)
+            and all(f.subject.get(k) == v for k, v in subject.items())]
 
 
 # ---------------------------------------------------------------------------------------------- 01
-
-
-def rec01(d, r, cross, rerun):
-    return dict(ENV, dispatcher=d, router_dtype=r, cross_rank=cross, rerun=rerun, truncation=cmp(),
-                deterministic=False)
 
 
 def test_01_ep_order_only_when_ranks_differ_in_every_trial_and_reruns_never():
@@ -30,170 +22,209 @@ def test_01_ep_order_only_when_ranks_differ_in_every_trial_and_reruns_never():
             rec01("allgather", "fp32", cmp(300), cmp()),  # fp32 does NOT help here
             rec01("alltoall", "none", cmp(5), cmp(6)),  # atomics: reruns differ as much
             rec01("alltoall", "fp32", cmp(5, n_differ=2), cmp())]  # some trials only
-    assert [reproduce.attribution(r) for r in recs] == ["ep", "ep", "nondeterminism", "mixed"]
-    v = reproduce.verdict(recs)
-    assert "EP divergence reproduces for allgather/router none, allgather/router fp32" in v
-    assert "in 2 of 5 trials" in v and "run more trials" in v
-    assert "alltoall/router none differ across ranks because each forward is run-to-run nondeterministic" in v
-    assert "no cross-rank divergence" not in v
+    fs = reproduce.findings(recs)
+    kinds = {(f.subject["dispatcher"], f.subject["router_dtype"]): (f.status, f.subject["attribution"]) for f in fs}
+    assert kinds == {("allgather", "none"): (FAIL, "ep"), ("allgather", "fp32"): (FAIL, "ep"),
+                     ("alltoall", "none"): (FAIL, "nondeterminism"), ("alltoall", "fp32"): (MIXED, "mixed")}
+    f = by(fs, dispatcher="allgather", router_dtype="none")[0]
+    assert "300 of 1,000 output elements" in f.claim and "in 5 of 5 trial(s)" in f.claim and "EP order" in f.claim
+    assert f.evidence.counts[0].of == 1000 and f.evidence.trials == (5, 5) and f.card
+    assert "run more trials" in by(fs, dispatcher="alltoall", router_dtype="fp32")[0].claim
+    v = reproduce_nb.verdict(recs)  # the notebook renders exactly these findings
+    assert all(f.claim in v for f in fs) and "Verdict: [FAIL]" in v
 
 
 def test_01_ep_order_with_a_little_rerun_noise_on_top_is_still_ep_order():
-    """Measured on one H200 (virtual EP=4, allgather bf16): ranks differ in ~1.35M elements in every trial, a rerun in
-    91 elements in some trials. That is EP order with the GPU's atomics on top — not 'nondeterminism'. Controls: at
-    the dominance bound it holds, just under it (or when ranks agree in a trial) it does not."""
     big, noise = cmp(1_347_732, numel=4_194_304), cmp(91, n_differ=2, numel=4_194_304)
-    assert reproduce.attribution(rec01("allgather", "none", big, noise)) == "ep+nondeterminism"
-    at = cmp(100 * 91, numel=4_194_304)
+    f = reproduce.findings([rec01("allgather", "none", big, noise)])[0]
+    assert f.subject["attribution"] == "ep+nondeterminism" and f.status == FAIL
+    assert "a rerun on one rank: 91 of 4,194,304 output elements" in f.claim
     under = cmp(100 * 91 - 1, numel=4_194_304)
-    assert reproduce.attribution(rec01("allgather", "none", at, noise)) == "ep+nondeterminism"
-    assert reproduce.attribution(rec01("allgather", "none", under, noise)) == "nondeterminism"
-    some = cmp(1_347_732, n_differ=4, numel=4_194_304)  # ranks agree in one trial: not a stable EP-order effect
-    assert reproduce.attribution(rec01("allgather", "none", some, noise)) == "nondeterminism"
-    v = reproduce.verdict([rec01("allgather", "none", big, noise)])
-    assert "EP divergence reproduces for allgather/router none" in v and "run-to-run nondeterminism on top" in v
-    assert "a rerun on one rank: 91 of 4,194,304 elements differ" in v
+    assert reproduce.findings([rec01("allgather", "none", under, noise)])[0].subject["attribution"] == "nondeterminism"
 
 
-def test_01_at_ep2_nothing_diverges_and_the_verdict_says_so():
-    recs = [dict(rec01(d, r, cmp(), cmp()), world=2) for d in ("allgather", "alltoall") for r in ("none", "fp32")]
-    v = reproduce.verdict(recs)
-    assert "2 EP rank(s)" in v and "Verdict: no cross-rank divergence on this setup for any case run." in v
-    assert "reproduces" not in v
+def test_01_at_ep2_nothing_diverges_and_world_1_is_not_applicable():
+    recs = [rec01(d, r, cmp(), cmp(), world=2) for d in ("allgather", "alltoall") for r in ("none", "fp32")]
+    fs = reproduce.findings(recs)
+    assert {f.status for f in fs} == {PASS} and registry.headline(fs)[0] == PASS
+    one = rec01("allgather", "none", {"applicable": False, "reason": "world size 1", "trials": 5}, cmp(), world=1)
+    f = reproduce.findings([one])[0]
+    assert f.status == NA and registry.headline([f])[0] == NA
 
 
 # ---------------------------------------------------------------------------------------------- 02
-
-
-def case02(d, variant, first, kind="replicated"):
-    return dict(ENV, record="case", case_key=f"{d}/{variant}", dispatcher=d, variant=variant,
-                first_divergent_stage=first, first_divergent_kind=kind if first else None, trials=3,
-                out_mismatch_frac=0.3 if first else 0.0, out_max_ulp=4.0 if first else 0.0, probs_gather_dtype="bfloat16",
-                combine_op="reduce_scatter_tensor", combine_dtype="bfloat16", cross_rank_applicable=True)
 
 
 def test_02_a_variant_that_still_diverges_is_not_called_a_fix():
     recs = [case02("allgather", "bf16 (nothing)", "combine.comm"),
             case02("allgather", "probs fp32 before gather (reporter's fix)", "combine.comm"),
             case02("allgather", "moe_router_dtype=fp32", None)]
-    v = localise.verdict(recs)
-    assert "moe_router_dtype=fp32 make(s) every stage agree; probs fp32 before gather (reporter's fix) do(es) not" in v
+    v = by(localise.findings(recs), "probs-path variants")[0]
+    assert v.status == PASS and v.remedy == "moe_router_dtype=fp32"
+    assert "moe_router_dtype=fp32 make(s) every stage agree; probs fp32 before gather (reporter's fix) do(es) not" \
+        in v.claim
     recs[2] = case02("allgather", "moe_router_dtype=fp32", "combine.comm")
-    assert "no variant removes it" in localise.verdict(recs)
+    v = by(localise.findings(recs), "probs-path variants")[0]
+    assert v.status == FAIL and "no probs-path variant removes it" in v.claim and v.remedy is None
 
 
-def test_02_within_rank_copies_are_claimed_only_where_they_differ():
-    recs = [case02("alltoall", v, "combine.pre", kind="copies") for v in localise.VARIANTS]
-    v = localise.verdict(recs)
-    assert "differ *within one rank* at combine.pre" in v and "none of the probs-path variants removes it" in v
-    assert "within one rank" not in localise.verdict([case02("allgather", "bf16 (nothing)", "combine.comm")])
+def test_02_the_first_stage_names_its_collective_and_no_clause_is_hard_wired():
+    f = by(localise.findings([case02("allgather", "bf16 (nothing)", "combine.comm")]), "first divergent stage")[0]
+    assert f.subject["collective"] == "reduce_scatter_tensor in bfloat16"
+    router = by(localise.findings([case02("allgather", "bf16 (nothing)", "router.logits")]), "first divergent stage")[0]
+    assert router.subject["collective"] is None and "after the dispatch" not in router.claim
+    copies = by(localise.findings([case02("alltoall", "bf16 (nothing)", "combine.pre", kind="copies")]),
+                "first divergent stage")[0]
+    assert "within one rank" in copies.claim
+    assert "within one rank" not in f.claim
+
+
+def test_02_one_rank_is_not_a_pass():
+    f = localise.findings([case02("allgather", "bf16 (nothing)", None, world=1) | {"cross_rank_applicable": False}])
+    assert [x.status for x in f] == [NA] and registry.headline(f)[0] == NA
 
 
 # ---------------------------------------------------------------------------------------------- 03
 
 
-def cell(d="allgather", r="none", pf32=False, det=False, cross=0, rerun=0, ratio=1.0, ci=(0.95, 1.05), cross_differ=None):
-    return dict(ENV, megatron_core="0.16.1", dispatcher=d, router_dtype=r, probs_fp32_gather=pf32, deterministic=det,
-                cross_rank=cmp(cross, n_differ=cross_differ), rerun=cmp(rerun), truncation=cmp(),
-                cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01 * ratio})
-
-
 def test_03_fp32_that_does_not_help_is_not_recommended():
     recs = [cell(cross=300), cell(r="fp32", cross=280, ratio=1.02), cell(det=True, ratio=2.0, ci=(1.9, 2.1))]
-    v = promotion.verdict(recs)
-    assert "1 of 2 settings give bitwise-equal ranks and reruns" in v and "cheapest: router none + deterministic" in v
-    rec = promotion.recommendations(recs)[0]
-    assert rec.startswith("megatron-core 0.16.1, allgather: router none + deterministic (2.00x") and "fp32" not in rec
+    f = promotion.findings(recs)[0]
+    assert f.status == PASS and f.remedy == "router none + deterministic" and "1 of 2 other settings" in f.claim
+    assert "cheapest, resolved from the others: router none + deterministic (2.00x" in f.claim
+    assert any("use_deterministic_algorithms" in line for line in f.lines)
 
 
 def test_03_a_setting_bitwise_in_4_of_5_trials_does_not_count():
-    recs = [cell(cross=300), cell(r="fp32", cross=1, cross_differ=1)]
-    assert "no setting in the grid gives bitwise-equal ranks and reruns in every trial" in promotion.verdict(recs)
+    f = promotion.findings([cell(cross=300), cell(r="fp32", cross=1, cross_differ=1)])[0]
+    assert f.status == FAIL and f.remedy is None and "no setting of the grid does" in f.claim
 
 
 def test_03_costs_inside_the_noise_floor_are_not_ranked():
     recs = [cell(cross=300, ci=(0.9, 1.1)), cell(r="fp32", ratio=1.03, ci=(0.97, 1.08)),
             cell(r="fp64", ratio=1.01, ci=(0.95, 1.09))]
-    v = promotion.verdict(recs)
-    assert "at no measurable cost: router fp32, router fp64" in v and "cheapest" not in v
+    f = promotion.findings(recs)[0]
+    assert "at no measurable cost" in f.claim and "router fp32" in f.claim and "router fp64" in f.claim
+    assert "cheapest" not in f.claim and f.remedy == "router fp32"  # tied: the simplest named, said as such
 
 
-def test_03_plain_already_agreeing_needs_nothing():
-    recs = [dict(cell(), world=2), dict(cell(r="fp32"), world=2)]
-    assert "ranks already agree bit for bit (5 trials)" in promotion.verdict(recs)
-    assert promotion.recommendations(recs) == ["megatron-core 0.16.1, allgather: nothing to set — the ranks already "
-                                               "agree in every trial."]
+def test_03_overlapping_intervals_are_tied_not_ranked():
+    """One H200: router fp32 + cast + deterministic 1.16x (1.14-1.22) against router fp32 1.20x (1.15-1.27)."""
+    recs = [cell(cross=300, ci=(0.99, 1.01)), cell(r="fp32", ratio=1.20, ci=(1.15, 1.27)),
+            cell(r="fp32", pf32=True, det=True, ratio=1.16, ci=(1.14, 1.22))]
+    f = promotion.findings(recs)[0]
+    assert "tied on cost" in f.claim and "cheapest" not in f.claim and f.remedy == "router fp32"
+    apart = [cell(cross=300, ci=(0.99, 1.01)), cell(r="fp32", ratio=1.40, ci=(1.35, 1.45)),
+             cell(r="fp32", pf32=True, det=True, ratio=1.16, ci=(1.14, 1.22))]
+    g = promotion.findings(apart)[0]
+    assert "cheapest, resolved" in g.claim and g.remedy == "router fp32 + probs fp32 gather + deterministic"
+
+
+def test_03_plain_already_agreeing_needs_nothing_and_all_skipped_is_not_measured():
+    f = promotion.findings([cell(world=2), cell(r="fp32", world=2)])[0]
+    assert f.status == PASS and "nothing to set" in f.claim and f.remedy is None
+    skipped = [dict(ENV, notebook="03", kind="case", skipped="needs megatron-core >= 0.12.0")] * 3
+    fs = promotion.findings(skipped)
+    assert registry.headline(fs)[0] == NOT_MEASURED
+    assert "0 of 0" not in registry.headline(fs)[1]
+
+
+def test_03_nan_zero_and_inf_costs_are_invalid_never_free():
+    for bad in (float("nan"), 0.0, float("inf"), -1.0):
+        recs = [cell(cross=300), cell(r="fp32", ratio=bad, ci=(bad, bad))]
+        f = promotion.findings(recs)[0]
+        assert "no measurable cost" not in f.claim and "no valid cost" in f.claim
 
 
 # ---------------------------------------------------------------------------------------------- 04
 
 
-def case04(d, remedy, trunc, rerun=None, ratio=1.0, ci=(0.97, 1.03), world=4, ws="unset", emu="none", tile=None):
-    return dict(ENV, kind="case", available=True, world=world, workspace=ws, dispatcher=d, remedy=remedy, tile=tile,
-                emulation=emu, emulated=emu != "none", router_dtype="fp64", cut=90, config={"seq_len": 1024},
-                truncation=trunc, rerun=rerun or cmp(), one_ulp_fails_frac=0.5,
-                cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01})
-
-
-def test_04_a_remedy_not_bitwise_in_one_trial_is_never_the_cheapest():
+def test_04_a_remedy_not_bitwise_in_one_trial_is_never_named():
     recs = []
     for d in ("allgather", "alltoall"):
         recs += [case04(d, "none", cmp(900), cmp(40)),
-                 case04(d, "ordered_combine", cmp(9, n_differ=1) if d == "alltoall" else cmp(), ratio=1.01, ci=(0.99, 1.02)),
+                 case04(d, "ordered_combine", cmp(9, n_differ=1) if d == "alltoall" else cmp(), ratio=1.01,
+                        ci=(0.99, 1.02)),
                  case04(d, "ordered_combine+no_splitk", cmp(), ratio=1.08, ci=(1.05, 1.12))]
-    v = V.verdict(recs)
-    assert "cheapest: ordered_combine+no_splitk, 1.08x (95 % CI 1.05–1.12) (within the 1.3x goal)" in v
-    assert V.cheapest(recs)["remedy"] == "ordered_combine+no_splitk"
-    assert "in 1 of 5 trials" in V.summary_table(recs).to_string()
+    fix = {f.subject["dispatcher"]: f for f in truncation.findings(recs) if f.question == truncation.FIX}
+    assert fix["alltoall"].remedy == "ordered_combine+no_splitk"
+    assert fix["allgather"].remedy == "ordered_combine"  # it holds there, in every trial
 
 
-def test_04_costs_inside_the_noise_and_ties_are_said_not_ranked():
-    free = [case04(d, r, cmp(900) if r == "none" else cmp(), ratio=1.0 if r == "none" else 1.02, ci=(0.95, 1.05))
-            for d in ("allgather", "alltoall") for r in ("none", "no_splitk", "tiled_experts")]
-    assert "at no measurable cost (interval inside the noise floor): no_splitk, tiled_experts" in V.verdict(free)
-    tie = [case04(d, "none", cmp(900), ci=(0.99, 1.01)) for d in ("allgather", "alltoall")]
-    tie += [case04(d, "no_splitk", cmp(), ratio=1.10, ci=(1.06, 1.14)) for d in ("allgather", "alltoall")]
-    tie += [case04(d, "tiled_experts", cmp(), ratio=1.12, ci=(1.08, 1.2), tile=256) for d in ("allgather", "alltoall")]
-    assert "cheapest: no_splitk, 1.10x (95 % CI 1.06–1.14) — not resolved from tiled_experts T=256" in V.verdict(tie)
-
-
-def test_04_each_workspace_setting_gets_its_own_cheapest():
+def test_04_each_workspace_and_ep_is_its_own_finding_and_card_line():
     recs = []
     for ws, cost in (("unset", 1.05), (":4096:8", 2.0)):
-        for d in ("allgather", "alltoall"):
-            recs += [case04(d, "none", cmp(900), ws=ws, ci=(0.99, 1.01)),
-                     case04(d, "ordered_combine+no_splitk", cmp(), ws=ws, ratio=cost, ci=(cost - 0.02, cost + 0.02))]
-    v = V.verdict(recs)
-    assert "EP=4, CUBLAS_WORKSPACE_CONFIG=unset, real layer" in v and "CUBLAS_WORKSPACE_CONFIG=:4096:8, real layer" in v
-    assert "1.05x" in v and "2.00x" in v and "above the 1.3x goal" in v
-    assert V.cheapest(recs)["cost"]["ratio"] == 1.05  # the card: the unset workspace
+        recs += [case04("allgather", "none", cmp(900), ws=ws, ci=(0.99, 1.01)),
+                 case04("allgather", "ordered_combine+no_splitk", cmp(), ws=ws, ratio=cost, ci=(cost - .02, cost + .02))]
+    recs += [case04("allgather", "none", cmp(5), world=1, ci=(0.99, 1.01), ranks_per_gpu=1, backend="nccl"),
+             case04("allgather", "no_splitk", cmp(5), world=1, ratio=1.1, ci=(1.0, 1.2), ranks_per_gpu=1,
+                    backend="nccl")]
+    fs = truncation.findings(recs)
+    trunc = by(fs, truncation.QUESTION)
+    assert len(trunc) == 3 and {f.status for f in trunc} == {FAIL}
+    fixes = by(fs, truncation.FIX)
+    assert sorted(f.status for f in fixes) == [FAIL, PASS, PASS]
+    ws8 = next(f for f in fixes if f.subject["workspace"] == ":4096:8")
+    assert "2.00x" in ws8.claim and "export CUBLAS_WORKSPACE_CONFIG=:4096:8" in ws8.lines
+    unset = next(f for f in fixes if f.subject["workspace"] == "unset" and f.status == PASS)
+    assert not any("CUBLAS_WORKSPACE_CONFIG" in line for line in unset.lines)
+    cards = render.cards({"04": fs})
+    assert len(cards) == 2  # EP=1 (one rank per GPU) and EP=4 (virtual) never share a card
+    ep1 = next(c for c in cards if "1 rank" in c["placement"])
+    assert [f.status for f in ep1["findings"]] == [FAIL, FAIL]
+
+
+def test_04_only_emulated_cases_do_not_claim_the_real_layer():
+    recs = [case04("allgather", "none", cmp(900), emu="splitk+atomics"),
+            case04("allgather", "no_splitk", cmp(), emu="splitk+atomics", ratio=1.0)]
+    fs = truncation.findings(recs)
+    real = [f for f in fs if f.card]
+    assert [f.status for f in real] == [NOT_MEASURED] and "only EMULATED" in real[0].claim
+    assert registry.headline(fs)[0] == NOT_MEASURED
+    assert all("passes bitwise on the real layer" not in f.claim for f in fs)
+
+
+def test_04_a_batch_variant_cpu_gemm_is_named_with_the_cpu_and_its_isa():
+    cpu = {"model": "Intel Xeon Platinum 8480+", "isa": ["amx_bf16", "amx_tile", "avx512f"], "capability": "AVX512"}
+    recs = [kernel04("fc2", 128, True, cpu=cpu), kernel04("fc2", 256, False, cpu=cpu), kernel04("fc2", 512, False, cpu=cpu),
+            case04("allgather", "none", cmp(1, numel=23040), device="cpu", cpu=cpu, ranks_per_gpu=None)]
+    fs = truncation.findings(recs)
+    k = by(fs, "expert GEMM batch invariance")[0]
+    assert k.status == FAIL and "from M = 256" in k.claim or "first at M = 256" in k.claim
+    assert "Intel Xeon Platinum 8480+" in k.claim and "amx_bf16" in k.claim
+    why = by(fs, "why truncation fails")[0]
+    assert "batch variant" in why.claim and "CPU GEMMs" not in why.claim
+    inv = truncation.findings([kernel04("fc2", 128, True), kernel04("fc2", 256, True)])
+    assert inv[0].status == PASS and "model and ISA not recorded" in inv[0].claim
 
 
 # ---------------------------------------------------------------------------------------------- 05
 
 
-def back05(d, setting, bad=(), available=True):
-    from moe_lab.experiments import compound
-
-    r = dict(ENV, kind="backward", dispatcher=d, setting=setting, available=available, cut=90, trials=3,
-             backward_first_divergent=None, backward_ledger=[])
-    if not available:
-        return dict(r, reason="ValueError: needs TransformerEngine")
-    for k in compound.FWD_CMPS + compound.GRAD_CMPS:
-        r[k] = cmp(7, trials=3) if k in bad else cmp(trials=3)
-    return r
-
-
 def test_05_a_setting_that_fixes_the_forward_only_is_said_so():
-    from moe_lab.experiments import compound
-
     recs = [back05("allgather", "plain", bad=("cross_out", "cross_dx")),
             back05("allgather", "router fp32", bad=("cross_dx",)),
-            back05("allgather", "routing replay", bad=("cross_dx", "experts_truncation")),
             back05("allgather", "moe_permute_fusion", available=False)]
-    v = compound.verdict(recs)
-    assert "forward agrees across ranks but the gradients do not: router fp32, routing replay" in v
-    assert "no setting makes the forward and every gradient bitwise equal" in v
-    assert "not run here: moe_permute_fusion: ValueError: needs TransformerEngine" in v
+    fs = compound.findings(recs)
+    assert by(fs, compound.QUESTION)[0].status == FAIL
+    assert by(fs, "setting", setting="router fp32")[0].status == FAIL
+    assert by(fs, "setting", setting="moe_permute_fusion")[0].status == NA
+    assert by(fs, compound.FIX)[0].status == FAIL
     recs.append(back05("allgather", "fp32 grad reduce"))
-    assert "every forward and gradient comparison bitwise equal in every trial: fp32 grad reduce" in compound.verdict(recs)
+    fix = by(compound.findings(recs), compound.FIX)[0]
+    assert fix.status == PASS and fix.remedy == "fp32 grad reduce"
+
+
+def test_05_input_gradient_fractions_count_the_loss_tokens_only():
+    """The loss is over out[:90] of 1024 tokens: 90 x 64 elements carry an input gradient, not 1024 x 64."""
+    r = back05("allgather", "plain", bad=("cross_dx", "cross_router_grad", "truncation_dx"))
+    assert compound.carrying(r, "cross_dx") == 90 * 64
+    assert compound.carrying(r, "cross_router_grad") == 1024 * 64  # a weight gradient: every element
+    f = compound.findings([r])[0]
+    assert "7 of 5,760 input-gradient elements of the loss's tokens" in f.claim
+    assert any(c.of == 5760 for c in f.evidence.counts)
+
+
+def test_05_without_the_plain_setting_nothing_is_claimed():
+    fs = compound.findings([back05("allgather", "router fp32")])
+    assert by(fs, compound.QUESTION)[0].status == NOT_MEASURED and registry.headline(fs)[0] == NOT_MEASURED

@@ -1,0 +1,61 @@
+"""Record builders for the findings tests (the layouts the experiments write), one place for the unit and property
+tests alike."""
+
+ENV = dict(megatron_core="0.16.1", world=4, device="cuda", gpu="NVIDIA H200", backend="gloo", ranks_per_gpu=4,
+           placement="4 ranks share each GPU (virtual EP)", config={"hidden": 64, "num_experts": 8, "topk": 2,
+                                                                  "ffn_hidden": 128, "seq_len": 1024, "dtype": "bf16"},
+           cut=90, code={"commit": "abc123"})
+
+
+def cmp(n=0, trials=5, n_differ=None, numel=1000):
+    n_differ = (trials if n else 0) if n_differ is None else n_differ
+    return {"numel": numel, "n_mismatch": n, "mismatch_frac": n / numel, "bitwise_equal": n == 0 and n_differ == 0,
+            "max_ulp": 3.0 if n else 0.0, "max_abs": 0.01 if n else 0.0, "allclose_1e3": n == 0, "assert_close": True,
+            "trials": trials, "n_differ": n_differ, "per_trial": [n if i < n_differ else 0 for i in range(trials)]}
+
+
+def rec01(d, r, cross, rerun, **kw):
+    return dict(ENV, notebook="01", kind="case", case_key=f"01/{d}/{r}", dispatcher=d, router_dtype=r,
+                cross_rank=cross, rerun=rerun, truncation=cmp(), deterministic=False, **kw)
+
+
+def case02(d, variant, first, kind="replicated", **kw):
+    return dict(ENV, notebook="02", record="case", case_key=f"{d}/{variant}", dispatcher=d, variant=variant,
+                first_divergent_stage=first, first_divergent_kind=kind if first else None, trials=3,
+                out_mismatch_frac=0.3 if first else 0.0, out_max_ulp=4.0 if first else 0.0,
+                probs_gather_dtype="bfloat16", combine_op="reduce_scatter_tensor", combine_dtype="bfloat16",
+                cross_rank_applicable=True, **kw)
+
+
+def cell(d="allgather", r="none", pf32=False, det=False, cross=0, rerun=0, ratio=1.0, ci=(0.95, 1.05),
+         cross_differ=None, **kw):
+    return dict(ENV, notebook="03", kind="case", case_key=f"03/{d}/{r}/{pf32}/{det}", dispatcher=d, router_dtype=r,
+                probs_fp32_gather=pf32, deterministic=det, cross_rank=cmp(cross, n_differ=cross_differ),
+                rerun=cmp(rerun), truncation=cmp(), cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01 * ratio},
+                **kw)
+
+
+def case04(d, remedy, trunc, rerun=None, ratio=1.0, ci=(0.97, 1.03), world=4, ws="unset", emu="none", tile=None,
+           **kw):
+    return dict(ENV, notebook="04", kind="case", case_key=f"04/{d}/{remedy}/{world}/{ws}/{emu}/{tile}", available=True,
+                world=world, workspace=ws, dispatcher=d, remedy=remedy, tile=tile, emulation=emu,
+                emulated=emu != "none", router_dtype="fp64", truncation=trunc, rerun=rerun or cmp(),
+                one_ulp_fails_frac=0.5, cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01}, **kw)
+
+
+def kernel04(linear, M, equal, device="cpu", **kw):
+    return dict(ENV, notebook="04", kind="kernel", case_key=f"k/{linear}/{M}", device=device, linear=linear, M=M,
+                m=128, K=256, N=512, remedy="none", emulation="none", emulated=False, world=4, workspace="unset",
+                kernel=cmp(0 if equal else 3, trials=1), **kw)
+
+
+def back05(d, setting, bad=(), available=True, **kw):
+    from moe_lab.experiments.labels import FWD_CMPS, GRAD_CMPS
+
+    r = dict(ENV, notebook="05", kind="backward", case_key=f"05/{d}/{setting}", dispatcher=d, setting=setting,
+             available=available, trials=3, backward_first_divergent=None, backward_ledger=[], **kw)
+    if not available:
+        return dict(r, reason="ValueError: needs TransformerEngine")
+    for k in FWD_CMPS + GRAD_CMPS:
+        r[k] = cmp(7, trials=3, numel=1024 * 64) if k in bad else cmp(trials=3, numel=1024 * 64)
+    return r

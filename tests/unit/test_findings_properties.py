@@ -1,0 +1,148 @@
+"""The findings' invariants (#26), held by property-based tests: hypothesis generates record sets that contradict the
+usual story — missing fields, NaN/inf/0 costs, world 1, EP=2, mixed layer configs and placements, old schemas, only
+emulated cases, every cell skipped — and every finding built from them must still keep the rules."""
+
+import math
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01
+
+from moe_lab.findings import NOT_MEASURED, PASS, Cost, registry, render
+from moe_lab.findings.common import choose
+from moe_lab.findings.model import Finding
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(0.5, 3.0))
+counts = st.integers(0, 1000)
+
+
+@st.composite
+def comparison(draw, trials=5, numel=1000):
+    n = draw(counts)
+    k = draw(st.integers(0, trials)) if n else 0
+    return cmp(n if k else 0, trials=trials, n_differ=k, numel=numel)
+
+
+@st.composite
+def cost(draw):
+    lo, hi = sorted([draw(floats), draw(floats)], key=lambda x: (math.isnan(x), x))
+    return {"ratio": draw(floats), "ci": [lo, hi], "t_with_s": 0.01}
+
+
+@st.composite
+def subject(draw):
+    world = draw(st.sampled_from([1, 2, 4]))
+    return {"world": world, "megatron_core": draw(st.sampled_from(["0.12.3", "0.16.1"])),
+            "config": dict(ENV["config"], hidden=draw(st.sampled_from([64, 128]))),
+            "ranks_per_gpu": draw(st.sampled_from([1, world])), "backend": draw(st.sampled_from(["gloo", "nccl"]))}
+
+
+@st.composite
+def records(draw):
+    out = []
+    for _ in range(draw(st.integers(0, 4))):
+        s = draw(subject())
+        d = draw(st.sampled_from(["allgather", "alltoall"]))
+        kind = draw(st.sampled_from(["01", "02", "03", "04", "05", "k", "skip"]))
+        cross = draw(comparison()) if s["world"] > 1 else {"applicable": False, "reason": "world size 1", "trials": 5}
+        if kind == "01":
+            out.append(rec01(d, draw(st.sampled_from(["none", "fp32"])), cross, draw(comparison()), **s))
+        elif kind == "02":
+            first = draw(st.sampled_from([None, "combine.comm", "router.logits", "dispatch.comm.probs"]))
+            out.append(case02(d, draw(st.sampled_from(["bf16 (nothing)", "moe_router_dtype=fp32"])), first, **s))
+        elif kind == "03":
+            for r in ("none", "fp32", "fp64"):
+                c = cell(d, r, cross=0, **s)
+                c.update(cross_rank=draw(comparison()) if s["world"] > 1 else cross, rerun=draw(comparison()),
+                         cost=draw(cost()))
+                out.append(c)
+        elif kind == "04":
+            emu = draw(st.sampled_from(["none", "splitk+atomics"]))
+            for rem in ("none", "no_splitk", "ordered_combine+no_splitk"):
+                c = case04(d, rem, draw(comparison(numel=23040)), draw(comparison()), emu=emu,
+                           **{k: v for k, v in s.items() if k != "world"}, world=s["world"])
+                c["cost"] = draw(cost())
+                out.append(c)
+        elif kind == "05":
+            for setting in ("plain", "router fp32"):
+                bad = draw(st.sets(st.sampled_from(["cross_out", "cross_dx", "rerun_dx", "experts_truncation"])))
+                out.append(back05(d, setting, bad=tuple(bad), **s) | {"cost": draw(cost())})
+        elif kind == "k":
+            out.append(kernel04(draw(st.sampled_from(["fc1", "fc2"])), draw(st.sampled_from([128, 256])),
+                                draw(st.booleans()), **{k: v for k, v in s.items() if k != "world"}))
+        else:
+            out.append(dict(ENV, notebook="03", kind="case", skipped="router_dtype needs megatron-core >= 0.12.0"))
+    # old or partial layouts: drop fields, null them
+    for r in out:
+        for key in draw(st.sets(st.sampled_from(sorted(r)), max_size=2)):
+            if draw(st.booleans()):
+                del r[key]
+            else:
+                r[key] = None
+    return out
+
+
+def all_findings(recs) -> list[Finding]:
+    return [f for fs in registry.findings(recs).values() for f in fs]
+
+
+@SETTINGS
+@given(records())
+def test_findings_never_raise_and_every_pass_rests_on_a_measured_record(recs):
+    by_nb = registry.findings(recs)  # never raises, whatever the records lack
+    keys = {r.get("case_key") for r in recs if isinstance(r, dict)}
+    for nb, fs in by_nb.items():
+        for f in fs:
+            assert f.status != PASS or (f.evidence.records and all(k in keys or k.startswith("unkeyed:")
+                                                                    for k in f.evidence.records)), f
+        st_, text = registry.headline(fs)
+        if st_ == PASS:
+            assert any(f.status == PASS for f in fs)
+        if not fs:
+            assert st_ == NOT_MEASURED
+        assert "0 of 0" not in text
+
+
+@SETTINGS
+@given(records())
+def test_card_and_notebook_verdict_render_the_same_findings(recs):
+    by_nb = registry.findings(recs)
+    verdicts = {nb: render.verdict(fs) for nb, fs in by_nb.items()}
+    for card in render.cards(by_nb):
+        for f in card["findings"]:
+            nb = next(e.notebook for e in registry.EXPERIMENTS if e.name == f.experiment)
+            assert f.text() in verdicts[nb]  # same status, claim and remedy as the notebook says
+            # findings about different releases, placements or layer configs never share a card
+            assert f.card_key() == (card["release"], card["dispatcher"], card["placement"], card["layer"])
+
+
+@SETTINGS
+@given(records())
+def test_every_count_has_its_denominator_and_gradient_counts_fit_the_loss_tokens(recs):
+    for f in all_findings(recs):
+        for c in f.evidence.counts:
+            assert c.of >= 0 and f" of {c.of:,} " in c.text() or "denominator 0" in c.text()
+            assert c.n <= c.of or c.of == 0
+            if "loss's tokens" in c.what:
+                assert c.of == 90 * 64  # cut x hidden of the factory's layer, never the whole sequence
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(list("ABCDE")), floats, floats, floats), min_size=1, max_size=5),
+       st.tuples(floats, floats))
+def test_nothing_is_cheapest_inside_overlapping_intervals_and_invalid_costs_are_never_free(cands, floor):
+    costs = {}
+    for name, r, a, b in cands:
+        costs[name] = Cost(ratio=r, ci=tuple(sorted([a, b], key=lambda x: (math.isnan(x), x))),
+                           floor_ci=tuple(sorted(floor, key=lambda x: (math.isnan(x), x))))
+    ch = choose(list(costs.items()), lambda n: (n,))
+    for c in costs.values():
+        if not c.valid:
+            assert "no measurable cost" not in c.text() and c.resolved is None
+    if ch["basis"] == "cheapest":
+        best = costs[ch["name"]]
+        for n, c in costs.items():
+            if n != ch["name"] and c.valid:
+                assert c.ci[0] > best.ci[1] or c.ci[1] < best.ci[0], (ch, costs)
+    if ch["basis"] in ("free", "tied", "cheapest"):
+        assert costs[ch["name"]].valid
