@@ -135,10 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     fnd = sub.add_parser("findings", help="the findings of a report folder from its results.json alone (no engines, "
                                           "no torch): status, claim and evidence per finding")
-    fnd.add_argument("report", nargs="+", help="report folder(s) (or their results.json)")
+    fnd.add_argument("report", nargs="*", help="report folder(s) (or their results.json)")
     fmt = fnd.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="every finding as JSON (one object per report)")
-    fmt.add_argument("--markdown", action="store_true", help="the card findings as markdown (the README's block)")
+    fmt.add_argument("--markdown", action="store_true", help="the card findings as markdown")
+    fmt.add_argument("--readme", action="store_true", help="rewrite README.md's findings block from the committed "
+                                                         "reports (findings.readme.REPORTS)")
 
     from . import bench
 
@@ -277,8 +279,15 @@ def load_report(p: str) -> tuple[Path, list[dict]]:
 
 
 def cmd_findings(a) -> int:
-    from ..findings import registry, render
+    from ..findings import readme, registry, render
 
+    if a.readme:
+        root = Path(__file__).resolve().parents[2]
+        changed = readme.update(root / "README.md", root)
+        print(f"README.md findings block {'rewritten' if changed else 'already matches the reports'}")
+        return 0
+    if not a.report:
+        raise ValueError("give a report folder (e.g. reports/cpu-2026-12-01), or --readme")
     out = []
     for p in a.report:
         folder, records = load_report(p)

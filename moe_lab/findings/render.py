@@ -79,14 +79,16 @@ def render_cards(cs: list[dict]) -> str:
     return "<div class='cards'>" + "".join(parts) + "</div>"
 
 
-def markdown(name: str, by_nb: dict[str, list[Finding]]) -> str:
-    """A report's findings for the README: its placement(s), then each card finding, one bullet each."""
+def markdown(name: str, by_nb: dict[str, list[Finding]], *, short: bool = False) -> str:
+    """A report's findings for the README: its placement(s), then each card finding, one bullet each (`short`: the
+    claim up to its first ' — ', the explanation left to the report)."""
     cs = cards(by_nb)
     lines = [f"**`{name}`**"]
     for c in cs:
         lines.append(f"- megatron-core {c['release']}, {c['dispatcher']} — {c['placement']}; {c['layer']}:")
         for f in c["findings"]:
-            lines.append(f"  - [{f.status}] {f.question}: {f.claim}")
+            claim = f.claim.split(" — ")[0] if short else f.claim
+            lines.append(f"  - [{f.status}] {f.question}: {claim}" + (f" → `{f.remedy}`" if f.remedy and short else ""))
         if c.get("caveat"):
             lines.append(f"  - caveat: {c['caveat']}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ import pandas as pd
 import seaborn as sns
 
 from ..experiments.labels import FWD_CMPS, GRAD_CMPS
+from ..findings.compound import frac
 from .plots import stage_heatmap, zero_aware_heatmap
 
 LABELS = {"cross_out": "out ranks", "rerun_out": "out rerun", "truncation_out": "out trunc.",
@@ -18,8 +19,9 @@ LABELS = {"cross_out": "out ranks", "rerun_out": "out rerun", "truncation_out": 
 
 
 def effect_grid(records: list[dict]):
-    """Setting (rows) x comparison (columns), one panel per dispatcher: the mismatch fraction (worst trial), green =
-    bitwise equal in every trial, grey = not applicable or not run here (the reason is in the verdict)."""
+    """Setting (rows) x comparison (columns), one panel per dispatcher: the mismatch fraction (worst trial; input
+    gradients over the elements of the loss's tokens, weights over every element), green = bitwise equal in every
+    trial, grey = not applicable or not run here (the reason is in the verdict)."""
     back = [r for r in records if r.get("kind") == "backward"]
     disps = list(dict.fromkeys(r["dispatcher"] for r in back))
     cols = [LABELS[k] for k in FWD_CMPS + GRAD_CMPS]
@@ -39,8 +41,8 @@ def effect_grid(records: list[dict]):
                 if not c.get("applicable", True):
                     vals[LABELS[k]], txt[LABELS[k]] = float("nan"), "n/a"
                 else:
-                    vals[LABELS[k]] = c["mismatch_frac"]
-                    txt[LABELS[k]] = "0" if c["bitwise_equal"] else f"{c['mismatch_frac']:.1e}\n{c['n_differ']}/{c['trials']}"
+                    vals[LABELS[k]] = frac(r, k)  # input gradients: over the loss's tokens (findings.compound)
+                    txt[LABELS[k]] = "0" if c["bitwise_equal"] else f"{frac(r, k):.1e}\n{c['n_differ']}/{c['trials']}"
             rows[name], ann[name] = vals, txt
         v = pd.DataFrame(rows).T[cols]
         zero_aware_heatmap(v, ax, annot=pd.DataFrame(ann).T[cols], label="mismatch fraction")
@@ -75,7 +77,9 @@ def backward_stages(records: list[dict], settings=("plain", "router fp32")):
 
 def depth_growth(records: list[dict]):
     """Mismatch fraction after each layer (symlog: 0 is drawn at the bottom), per comparison; one panel per
-    dispatcher x setting, line style = the stack (one layer repeated, or distinct layers)."""
+    dispatcher x setting, line style = the stack (one layer repeated, or distinct layers). One denominator per axis:
+    outputs over every output element, gradients over the elements of the loss's first `cut` tokens (which alone
+    carry a gradient), in two rows of panels."""
     depth = [r for r in records if r.get("kind") == "depth" and "layer" in r]
     if not depth:
         ax = plt.subplots(figsize=(7, 1.5))[1]
@@ -84,25 +88,34 @@ def depth_growth(records: list[dict]):
         return ax.figure
     rows = []
     for r in depth:
-        for k, name in (("cross_out", "outputs across ranks"), ("cross_grad", "input gradient across ranks"),
-                        ("rerun_out", "outputs, rerun"), ("truncation_out", "first tokens, truncation"),
-                        ("truncation_grad", "first tokens' gradient, truncation")):
-            c = r[k]
-            if c.get("applicable", True):
+        for k, name, unit in (("cross_out", "outputs across ranks", "out"), ("rerun_out", "outputs, rerun", "out"),
+                              ("truncation_out", "first tokens, truncation", "out"),
+                              ("cross_grad", "input gradient across ranks", "grad"),
+                              ("rerun_grad", "input gradient, rerun", "grad"),
+                              ("truncation_grad", "first tokens' gradient, truncation", "grad")):
+            c = r.get(k)
+            if c and c.get("applicable", True):
                 rows.append({"panel": f"{r['dispatcher']}, {r['setting']}", "layer": r["layer"], "comparison": name,
-                             "stack": r["stack"], "mismatch fraction": c["mismatch_frac"]})
+                             "unit": unit, "stack": r["stack"], "mismatch fraction": frac(r, k)})
     df = pd.DataFrame(rows)
     panels = list(dict.fromkeys(df["panel"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False, sharey=True)
-    for ax, p in zip(axes[0], panels):
-        sns.lineplot(df[df.panel == p], x="layer", y="mismatch fraction", hue="comparison", style="stack", markers=True,
-                     ax=ax, legend=ax is axes[0][-1])
-        ax.set_yscale("symlog", linthresh=1e-5)
-        ax.set_ylim(-1e-6, 1.2)
-        ax.set_title(p, fontsize=10)
-        ax.set_xticks(sorted(df[df.panel == p]["layer"].unique()))
-    if axes[0][-1].get_legend():
-        axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    units = [u for u in ("out", "grad") if (df["unit"] == u).any()]
+    fig, axes = plt.subplots(len(units), len(panels), figsize=(5.2 * len(panels), 3.6 * len(units)), squeeze=False,
+                             sharey=True)
+    ylab = {"out": "fraction of output elements", "grad": "fraction of the loss tokens'\ngradient elements"}
+    for i, u in enumerate(units):
+        for ax, p in zip(axes[i], panels):
+            sub = df[(df.panel == p) & (df.unit == u)]
+            if not sub.empty:
+                sns.lineplot(sub, x="layer", y="mismatch fraction", hue="comparison", style="stack", markers=True,
+                             ax=ax, legend=ax is axes[i][-1])
+                ax.set_xticks(sorted(sub["layer"].unique()))
+            ax.set_yscale("symlog", linthresh=1e-5)
+            ax.set_ylim(-1e-6, 1.2)
+            ax.set_title(p, fontsize=10)
+            ax.set_ylabel(ylab[u])
+        if axes[i][-1].get_legend():
+            axes[i][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.suptitle("Growth with depth (0 = bitwise equal, drawn at the bottom)", fontsize=10)
     fig.tight_layout()
     return fig
