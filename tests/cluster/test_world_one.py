@@ -37,7 +37,8 @@ def test_localise_and_truncation_at_world_one(one):
     recs = protocol.run(localise, P, cluster=one)
     cases = [r for r in recs if r["record"] == "case"]
     assert len(cases) == 3 and all(c["first_divergent_stage"] is None and not c["cross_rank_applicable"] for c in cases)
-    assert "one rank: no stage can be compared" in localise.verdict(recs)
+    assert "one rank — no stage compared" in localise.verdict(recs)
+    assert "[N/A]" in localise.verdict(recs) and "[PASS]" not in localise.verdict(recs)  # nothing compared: no PASS
     cases = truncation.cases(P, emulations=["splitk_bf16"], remedies=["tiled_experts"], rounds=2, ms=[64, 128])
     recs = protocol.run(truncation, P, cluster=one, cases=cases)
     by = {r["remedy"]: r for r in recs if r["kind"] == "case"}
