@@ -75,10 +75,14 @@ def _peak(fn, device: str, dev) -> dict:
 
 def _cpu_peak(fn) -> dict:
     """CPU: the torch profiler's allocator events ('Total Allocated' runs on across profiler sessions, so the
-    baseline is the first event's total minus its own size)."""
+    baseline is the first event's total minus its own size). They include what other threads of the process
+    allocate meanwhile (gloo's worker threads: allgather's 4 MiB staging at the test layer), whose overlap with the
+    peak depends on timing: `other_threads_bytes` says how much that was, and `own_peak_bytes` is the peak of the
+    calling thread's allocations alone (the same on every run of the same kernels)."""
     import json
     import os
     import tempfile
+    import threading
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -89,15 +93,24 @@ def _cpu_peak(fn) -> dict:
     try:
         prof.export_chrome_trace(path)
         with open(path) as f:
-            events = [e["args"] for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+            trace = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
     finally:
         os.remove(path)
     del out
+    events = [e["args"] for e in trace]
     if not events:
-        return {"peak_bytes": 0, "kept_bytes": 0}
+        return {"peak_bytes": 0, "kept_bytes": 0, "own_peak_bytes": 0, "other_threads_bytes": 0}
+    me = threading.get_native_id()
     base = events[0]["Total Allocated"] - events[0]["Bytes"]
+    own = other = peak = 0
+    for e in trace:
+        if e.get("tid") in (me, None):
+            own += e["args"]["Bytes"]
+            peak = max(peak, own)
+        else:
+            other += max(e["args"]["Bytes"], 0)
     return {"peak_bytes": max(e["Total Allocated"] for e in events) - base,
-            "kept_bytes": events[-1]["Total Allocated"] - base}
+            "kept_bytes": events[-1]["Total Allocated"] - base, "own_peak_bytes": peak, "other_threads_bytes": other}
 
 
 def compare_measured(cfg: MoEConfig, ep: int, per_rank: list[dict], *, device: str, cut: int = 90) -> dict:
@@ -116,6 +129,8 @@ def compare_measured(cfg: MoEConfig, ep: int, per_rank: list[dict], *, device: s
         for key, ck in (("forward", "counts"), ("forward_truncation", "counts_truncation")):
             calc = forward_peak(cfg, ep, counts=m[ck], device=device)
             r[key] = m[key]["peak_bytes"]
+            r[key + "_own"] = m[key].get("own_peak_bytes")  # CPU: the forward's own thread alone
+            r[key + "_other_threads"] = m[key].get("other_threads_bytes")  # CPU: allocated by other threads meanwhile
             r[key + "_calc"] = calc["bytes"] - pers
             r[key + "_step"] = calc["step"]
             r[key + "_ratio"] = r[key] / r[key + "_calc"]
