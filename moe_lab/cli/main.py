@@ -201,7 +201,9 @@ def cmd_probe(a) -> int:
             if not a.json:
                 print("# " + probe.headline(rec), file=sys.stderr)
 
-        protocol.run(probe, cluster=c, cases=cases, on_record=show, notebook="")
+        recs = protocol.run(probe, cluster=c, cases=cases, on_record=show, notebook="")
+    if not a.json:  # the summary: notebook 01's findings over these records, as every report renders them
+        print(probe.verdict(recs), file=sys.stderr)
     return 0
 
 

@@ -49,3 +49,12 @@ def test_probe_prints_one_json_line_per_router_dtype():
             assert {"mismatch_frac", "max_abs", "max_ulp", "allclose_1e3"} <= set(rec[cmp])
     none, fp32 = lines
     assert none["cross_rank"]["mismatch_frac"] > 0 and fp32["cross_rank"]["mismatch_frac"] == 0
+
+
+@pytest.mark.cluster
+def test_probe_summary_is_the_findings():
+    """#26: without --json, probe ends with notebook 01's findings over its records (EP=2: a + b = b + a)."""
+    r = _cli("probe", "--device", "cpu", "--engines", "2", "--dispatcher", "allgather", "--router-dtype", "none",
+             "--timeout", "180")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[PASS] allgather, router none: ranks bitwise equal" in r.stderr and "Verdict: [PASS]" in r.stderr
