@@ -86,8 +86,13 @@ def setting_note(records: list[dict]) -> str:
     text = "Cases on the real layer" + (f", repeated with CUBLAS_WORKSPACE_CONFIG {' and '.join(ws)}" if len(ws) > 1
                                         else "") + "."
     if emus:
-        text += (f" Also under EMULATION ({', '.join(emus)}) of the GPU mechanisms, because this device's kernels are "
-                 "batch invariant: `splitk` = each expert GEMM splits its K reduction by a GPU-like heuristic on M "
+        from ..findings import truncation as found
+
+        kern = found.kernel_findings(records)
+        why = ("; this device's own expert GEMMs " + ("were batch invariant in the kernel probe" if kern and all(
+            f.status == "PASS" for f in kern) else "were not probed" if not kern else
+            "are batch variant too (kernel probe), so real and emulated effects add up"))
+        text += (f" Also under EMULATION ({', '.join(emus)}) of the GPU mechanisms{why}: `splitk` = each expert GEMM splits its K reduction by a GPU-like heuristic on M "
                  "(fp32 partials), `atomics` = the combine adds a token's expert outputs in a random order, rounding "
                  "every add, unless deterministic mode is on (like `scatter_add_` on a GPU). Emulated rows say "
                  "EMULATED everywhere; they are never GPU results.")
