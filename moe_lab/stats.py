@@ -2,7 +2,12 @@
 (slowest rank's time with the change) / (slowest rank's time without it), with a distribution-free 95 % confidence
 interval of that median (order statistics); an A/A run (plain against plain, same protocol) gives the noise floor.
 A cost whose interval overlaps the noise floor's is "no measurable cost", and costs inside the noise are never
-ranked."""
+ranked.
+
+Where the rounds also timed the collectives (toolkit.paired_rounds), a cost carries its compute figure (the same
+statistic of wall − collective seconds), the collective share of each forward and whether the plain one is
+transport-bound (collectives > half of it: virtual EP over gloo); `headline_cost` says which figure is the remedy's
+cost, and an A/A floor carries the same fields, so a compute cost is judged against a compute floor."""
 
 from __future__ import annotations
 
@@ -46,6 +51,99 @@ def paired(with_change: list[float], without: list[float], level: float = LEVEL)
             "t_with_s": statistics.median(with_change), "t_without_s": statistics.median(without)}
 
 
+TRANSPORT_BOUND = 0.5  # collective share of the plain forward above which its wall time is mostly transport
+
+
+def collective_share(per_rank_wall: list[list[float]], per_rank_coll: list[list[float]]) -> float | None:
+    """Median over rounds of the share of a forward spent inside collectives, per round that of the rank least bound
+    by transport (min over ranks of collective / wall): a conservative reading of "the forward is transport"."""
+    n = min(len(w) for w in per_rank_wall + per_rank_coll) if per_rank_wall else 0
+    shares = []
+    for i in range(n):
+        s = [c[i] / w[i] for w, c in zip(per_rank_wall, per_rank_coll) if w[i] > 0]
+        if s:
+            shares.append(min(s))
+    return statistics.median(shares) if shares else None
+
+
+def placement(world=None, ranks_per_gpu=None, backend=None, device=None) -> str | None:
+    """How the ranks that measured a cost sat, in words: '4 ranks share one GPU over gloo (virtual EP)', 'one rank
+    per GPU over NCCL (2 GPUs)', '4 CPU engines over gloo'. None when the device is not known."""
+    b = {"nccl": "NCCL"}.get(str(backend).lower(), backend) if backend else None
+    over = f" over {b}" if b else ""
+    if device == "cpu":
+        return f"{world} CPU engine{'s' if world != 1 else ''}{over}" if world else f"CPU engines{over}"
+    if device != "cuda":
+        return None
+    k = ranks_per_gpu or 1
+    if k > 1:
+        gpus = (world or k) // k
+        where = "one GPU" if gpus == 1 else f"each of {gpus} GPUs"
+        return f"{k} ranks share {where}{over} (virtual EP)"
+    if world == 1:
+        return f"one rank on one GPU{over}"
+    return f"one rank per GPU{over}" + (f" ({world} GPUs)" if world else "")
+
+
+def paired_cost(per_rank: list[dict], with_change: str, without: str, level: float = LEVEL, *,
+                environment: dict | None = None) -> dict:
+    """The cost of fn `with_change` against fn `without` from every rank's `toolkit.paired_rounds` result: `paired`
+    of the slowest rank's wall time per round (the top-level ratio / ci / rounds / ratios / t_with_s / t_without_s,
+    as ever), and where the rounds timed the collectives:
+      compute            `paired` of per-round compute time, wall − collective seconds of each rank, slowest rank
+      collective_share   {"with": s, "without": s}: median over rounds of collective / wall (`collective_share`)
+      collective_calls   {"with": n, "without": n}: collectives per call (rank 0, first timed round)
+      transport_bound    the plain forward's collective share > TRANSPORT_BOUND: read `compute` (headline_cost)
+    and `placement` (words) with `placement_fields` (world, ranks_per_gpu, backend, device) where the engines said
+    it, and `environment` when given. A per-rank result without "wall_s" (an older engine: {name: [seconds]}) gives
+    the wall figures only."""
+    def wall(r):
+        return (r["wall_s"] if "wall_s" in r else r)[with_change], (r["wall_s"] if "wall_s" in r else r)[without]
+
+    walls = [wall(r) for r in per_rank]
+    cost = paired(slowest([w for w, _ in walls]), slowest([p for _, p in walls]), level)
+    colls = [r.get("collective_s", {}) if "wall_s" in r else {} for r in per_rank]
+    if per_rank and all(with_change in c and without in c for c in colls):
+        comp = {m: [[w - c for w, c in zip(r["wall_s"][m], cr[m])] for r, cr in zip(per_rank, colls)]
+                for m in (with_change, without)}
+        cost["compute"] = paired(slowest(comp[with_change]), slowest(comp[without]), level)
+        cost["collective_share"] = {
+            k: collective_share([r["wall_s"][m] for r in per_rank], [c[m] for c in colls])
+            for k, m in (("with", with_change), ("without", without))}
+        calls = per_rank[0].get("calls", {})
+        cost["collective_calls"] = {k: (calls.get(m) or [None])[0] for k, m in (("with", with_change),
+                                                                             ("without", without))}
+        share = cost["collective_share"]["without"]
+        cost["transport_bound"] = share is not None and share > TRANSPORT_BOUND
+    where = per_rank[0].get("placement") if per_rank and "wall_s" in per_rank[0] else None
+    if where:
+        cost["placement"] = placement(**{k: where.get(k) for k in ("world", "ranks_per_gpu", "backend", "device")})
+        cost["placement_fields"] = dict(where)
+    if environment is not None:
+        cost["environment"] = environment
+    return cost
+
+
+def headline_cost(cost: dict | None) -> str | None:
+    """Which figure of a cost is the remedy's cost: "compute" where the plain forward is transport-bound (its
+    collectives more than half of it, e.g. virtual EP over gloo: the wall ratio is mostly transport and hides the
+    compute path) and a compute figure was measured, else "wall"; None without a cost. `figure` returns it."""
+    if not cost or cost.get("ratio") is None:
+        return None
+    if cost.get("transport_bound") and (cost.get("compute") or {}).get("ratio") is not None:
+        return "compute"
+    return "wall"
+
+
+def figure(cost: dict | None, which: str | None = None) -> dict | None:
+    """The {ratio, ci, rounds, ...} of `which` figure of a cost ("wall": the top level, "compute": its compute
+    path; default: headline_cost). None where that figure was not measured (e.g. an A/A floor of an older record)."""
+    which = which or headline_cost(cost)
+    if not cost or which is None:
+        return None
+    return cost if which == "wall" else cost.get(which)
+
+
 def measurable(cost: dict, floor: dict | None) -> bool | None:
     """Whether a cost is resolved against the A/A noise floor: its interval does not overlap the floor's.
     None when either is missing."""
@@ -64,4 +162,5 @@ def describe(cost: dict, floor: dict | None = None) -> str:
     return text
 
 
-__all__ = ["median_ci", "slowest", "paired", "measurable", "describe", "LEVEL"]
+__all__ = ["median_ci", "slowest", "paired", "paired_cost", "collective_share", "placement", "headline_cost",
+           "figure", "measurable", "describe", "LEVEL", "TRANSPORT_BOUND"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -141,11 +142,36 @@ def _first_tensor(args, kwargs):
 
 
 @contextlib.contextmanager
-def collective_ledger(cache: Cache, *, hidden: int, num_experts: int):
-    """Record every collective issued while the block runs: op, dtype, shape, group size, bytes, stage, role."""
+def wrap_collectives(make):
+    """While the block runs, every `torch.distributed` collective of _COLLECTIVES is replaced by `make(name, orig)`,
+    and so is every module-level alias megatron bound at import (e.g. `mappings.dist_all_gather_func =
+    all_gather_into_tensor`); the originals come back after it. The one patching mechanism of the ledger and the
+    collective timer (nested, each wraps what the other installed)."""
     originals = {name: getattr(tdist, name) for name in _COLLECTIVES if hasattr(tdist, name)}
     by_id = {id(f): name for name, f in originals.items()}
     wrappers = {}
+    patched = []  # (object, attribute, original)
+    try:
+        for name, orig in originals.items():
+            w = wrappers[name] = make(name, orig)
+            setattr(tdist, name, w)
+            patched.append((tdist, name, orig))
+        for mod_name, mod in list(sys.modules.items()):
+            if not mod_name.startswith("megatron.") or mod is None:
+                continue
+            for attr, val in list(vars(mod).items()):
+                if callable(val) and id(val) in by_id:
+                    setattr(mod, attr, wrappers[by_id[id(val)]])
+                    patched.append((mod, attr, val))
+        yield
+    finally:
+        for obj, attr, orig in reversed(patched):
+            setattr(obj, attr, orig)
+
+
+@contextlib.contextmanager
+def collective_ledger(cache: Cache, *, hidden: int, num_experts: int):
+    """Record every collective issued while the block runs: op, dtype, shape, group size, bytes, stage, role."""
 
     def make(name, orig):
         @functools.wraps(orig)
@@ -171,24 +197,49 @@ def collective_ledger(cache: Cache, *, hidden: int, num_experts: int):
         wrapper._moe_lab_ledger = True
         return wrapper
 
-    patched = []  # (object, attribute, original)
-    try:
-        for name, orig in originals.items():
-            w = wrappers[name] = make(name, orig)
-            setattr(tdist, name, w)
-            patched.append((tdist, name, orig))
-        # megatron binds some at import time (e.g. mappings.dist_all_gather_func = all_gather_into_tensor)
-        for mod_name, mod in list(sys.modules.items()):
-            if not mod_name.startswith("megatron.") or mod is None:
-                continue
-            for attr, val in list(vars(mod).items()):
-                if callable(val) and id(val) in by_id:
-                    setattr(mod, attr, wrappers[by_id[id(val)]])
-                    patched.append((mod, attr, val))
+    with wrap_collectives(make):
         yield cache
-    finally:
-        for obj, attr, orig in reversed(patched):
-            setattr(obj, attr, orig)
+
+
+@contextlib.contextmanager
+def collective_timer(acc: dict | None, sync=None):
+    """Add the seconds spent inside collectives while the block runs to acc["collective_s"] (and acc["calls"]):
+    each call is timed between a device sync before it (GPU work queued earlier is not booked as transport) and one
+    after it (an asynchronous collective is booked whole). A collective a wrapped one calls is not booked twice.
+    Values are untouched: the wrapper only calls the original and reads the clock. `sync` defaults to the engine's
+    (toolkit.sync: CUDA synchronize on GPU engines, nothing on CPU).
+
+    Yields a one-item list holding the dict booked into: set [0] to another dict to book elsewhere, or to None to
+    pause (the wrappers then only call the originals, no sync, no clock) — so a caller timing many calls installs
+    the wrappers once (patching scans megatron's modules: milliseconds) and books only the calls it times."""
+    if sync is None:
+        from .toolkit import sync
+    box = [acc]
+    depth = [0]
+    clock = time.perf_counter
+
+    def make(name, orig):
+        @functools.wraps(orig)
+        def wrapper(*args, **kwargs):
+            book = box[0]
+            if book is None or depth[0]:
+                return orig(*args, **kwargs)
+            depth[0] += 1
+            try:
+                sync()
+                t0 = clock()
+                out = orig(*args, **kwargs)
+                sync()
+                book["collective_s"] = book.get("collective_s", 0.0) + clock() - t0
+                book["calls"] = book.get("calls", 0) + 1
+            finally:
+                depth[0] -= 1
+            return out
+        wrapper._moe_lab_timer = True
+        return wrapper
+
+    with wrap_collectives(make):
+        yield box
 
 
 def run_with_capture(layer, tokens: torch.Tensor, names_filter=None, *, hidden: int, num_experts: int):

@@ -210,24 +210,53 @@ def token_mismatch(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     return _rows(metrics.bitwise_mismatch(a, b)).sum(dim=1).tolist()
 
 
-def paired_rounds(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False) -> dict[str, list[float]]:
+def paired_rounds(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = False,
+                  collectives=True) -> dict[str, dict[str, list[float]]]:
     """Seconds of each of `fns` (name → no-argument callable), `rounds` times; in each round every fn runs once,
     back to back (in a rotating order if `rotate`), each started together on every rank (barrier) and timed to
-    the end of its device work. The controller turns the per-round times of all ranks into costs (stats.paired).
-    `warmup` untimed rounds run first (first-call allocations, kernel selection)."""
+    the end of its device work. `warmup` untimed rounds run first (first-call allocations, kernel selection).
+
+    Returns {"wall_s": {name: [seconds per round]}, "collective_s": {name: [seconds per round]}, "calls": {name:
+    [collectives per round]}, "placement": placement()}: the collective seconds are the time this rank spent inside
+    torch.distributed collectives during the timed call (capture.collective_timer: its wrappers are installed for the
+    rounds, outside every clock, and book only while a timed fn runs; a device sync around every collective). They
+    change no value (tests/cluster/test_cost_timer.py). `collectives`: True (every fn), False (none: nothing is
+    wrapped) or the names whose collectives are timed — a fn left out has no entry in "collective_s" (its
+    collectives pass through the paused wrappers). The wrapper's overhead is measured by timing one forward both ways
+    (tools.bench_engine.time_collective_timer). The controller turns every rank's result into a cost
+    (stats.paired_cost)."""
+    from .capture import collective_timer
+
     names = list(fns)
-    times: dict[str, list[float]] = {m: [] for m in names}
-    for i in range(warmup + rounds):
-        order = names[i % len(names):] + names[:i % len(names)] if rotate else names
-        for m in order:
-            tdist.barrier()  # ranks start together: a rank still busy elsewhere is not timed as collective wait
-            sync()
-            t0 = time.perf_counter()
-            fns[m]()
-            sync()
-            if i >= warmup:
-                times[m].append(time.perf_counter() - t0)
-    return times
+    timed = set(names) if collectives is True else set() if collectives is False else set(collectives) & set(names)
+    wall: dict[str, list[float]] = {m: [] for m in names}
+    coll: dict[str, list[float]] = {m: [] for m in names if m in timed}
+    calls: dict[str, list[int]] = {m: [] for m in names if m in timed}
+    with collective_timer(None, sync) if timed else contextlib.nullcontext([None]) as box:
+        for i in range(warmup + rounds):
+            order = names[i % len(names):] + names[:i % len(names)] if rotate else names
+            for m in order:
+                acc = {"collective_s": 0.0, "calls": 0}
+                tdist.barrier()  # ranks start together: a rank still busy elsewhere is not timed as collective wait
+                sync()
+                box[0] = acc if m in timed else None
+                t0 = time.perf_counter()
+                fns[m]()
+                sync()
+                t = time.perf_counter() - t0
+                box[0] = None
+                if i >= warmup:
+                    wall[m].append(t)
+                    if m in timed:
+                        coll[m].append(acc["collective_s"])
+                        calls[m].append(acc["calls"])
+    return {"wall_s": wall, "collective_s": coll, "calls": calls, "placement": placement()}
+
+
+def placement() -> dict:
+    """Where this engine's timings were measured: world, ranks per GPU, backend, device (stats.placement words it)."""
+    return {"world": tdist.get_world_size(), "ranks_per_gpu": STATE.get("ranks_per_gpu", 1),
+            "backend": STATE.get("backend") or tdist.get_backend(), "device": STATE.get("device")}
 
 
 def time_forward(layer, tokens, repeats: int = 3) -> float:

@@ -238,6 +238,12 @@ def engine_backward(payload: dict) -> dict:
             times = toolkit.paired_rounds({"case": lambda: _step([layer], s.tokens, cut, R, remedy, "full"),
                                            "plain": lambda: _step([plain.layer], plain.tokens, cut, R)}, rounds)
             res["times"] = times
+            import torch
+
+            from .. import provenance
+
+            res["env"] = {**provenance.numerics_env(),  # what the timed steps ran under (inside the case's mode)
+                          "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     return res
 
 
@@ -315,8 +321,8 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
                                                          "mismatch_frac", "bitwise_equal", "max_ulp")} for x in rows]
         rec["backward_ledger"] = r0["backward"]["ledger"]
     if "times" in r0:
-        rec["cost"] = stats.paired(stats.slowest([r["times"]["case"] for r in per_rank]),
-                                   stats.slowest([r["times"]["plain"] for r in per_rank]))
+        rec["cost"] = stats.paired_cost([r["times"] for r in per_rank], "case", "plain",
+                                        environment={**r0.get("env", {}), "remedy": case.knobs.get("remedy", "none")})
     return [rec]
 
 

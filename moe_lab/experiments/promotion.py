@@ -92,10 +92,8 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
                first_divergent_stage=loc["first_divergent_stage"],
                first_divergent_kind=loc["first_divergent_kind"])
     if "times" in per_rank[0]:
-        cell = stats.slowest([r["times"]["cell"] for r in per_rank])
-        plain = stats.slowest([r["times"]["plain"] for r in per_rank])
-        rec["cost"] = stats.paired(cell, plain)
-        rec["cost"]["environment"] = {**per_rank[0].get("env", {}), "deterministic_algorithms": case.moe.deterministic}
+        rec["cost"] = stats.paired_cost([r["times"] for r in per_rank], "cell", "plain", environment={
+            **per_rank[0].get("env", {}), "deterministic_algorithms": case.moe.deterministic})
         rec["t_forward_s"] = rec["cost"]["t_with_s"]
     return [rec]
 

@@ -128,8 +128,8 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
     worst_t = max(range(len(per_trial)), key=lambda i: per_trial[i][0]["n_mismatch"])
     a = out[:cut]
     return {**row, "truncation": [t[0] for t in per_trial], "rerun": [t[1] for t in per_trial],
-            "token_mismatch": per_trial[worst_t][2], "hidden": a[0].numel(), "ts": times["case"],
-            "ts_plain": times["plain"], "one_ulp_fails_frac": one_ulp_fails_frac(a), "abs_quantiles": _quantiles(a),
+            "token_mismatch": per_trial[worst_t][2], "hidden": a[0].numel(), "times": times,
+            "one_ulp_fails_frac": one_ulp_fails_frac(a), "abs_quantiles": _quantiles(a),
             "switches": switches, "env": provenance.numerics_env()}
 
 
@@ -360,9 +360,9 @@ def _case_record(per_rank: list[dict]) -> dict:
         return {**rec, "reason": r0["reason"], "truncation": None, "rerun": None, "t_forward_s": None}
     hidden = r0["hidden"]
     n = len(r0["truncation"])
-    cost = stats.paired(stats.slowest([r["ts"] for r in per_rank]), stats.slowest([r["ts_plain"] for r in per_rank]))
-    cost["environment"] = {**r0["env"], **{k: r0["switches"].get(k) for k in ("deterministic_algorithms",
-                           "preferred_blas_library", "allow_bf16_reduced_precision_reduction_split_k")}}
+    cost = stats.paired_cost([r["times"] for r in per_rank], "case", "plain", environment={
+        **r0["env"], **{k: r0["switches"].get(k) for k in ("deterministic_algorithms", "preferred_blas_library",
+                                                            "allow_bf16_reduced_precision_reduction_split_k")}})
     rec.update(truncation=metrics.over_trials([metrics.worst([r["truncation"][t] for r in per_rank]) for t in range(n)]),
                rerun=metrics.over_trials([metrics.worst([r["rerun"][t] for r in per_rank]) for t in range(n)]),
                token_mismatch_frac=[max(r["token_mismatch"][t] for r in per_rank) / hidden

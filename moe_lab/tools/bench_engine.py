@@ -38,8 +38,27 @@ def time_capture(payload: dict, *, rounds: int = 10) -> dict:
         stages[:] = list(cache.tensors)
 
     modes = {"plain": plain, "fingerprint": fingerprint, "capture": full, "capture_fingerprints": lambda: full(True)}
-    times = toolkit.paired_rounds(modes, rounds, warmup=1, rotate=True)
+    times = toolkit.paired_rounds(modes, rounds, warmup=1, rotate=True, collectives=False)["wall_s"]
     return {"rank": toolkit.tdist.get_rank(), "times_s": times, "stages": len(stages)}
+
+
+def time_collective_timer(payload: dict, *, rounds: int = 20) -> dict:
+    """What the collective timer of paired_rounds costs: the same forward timed plain and with its collectives timed
+    (capture.collective_timer), `rounds` paired rounds in a rotating order after one warm-up; with each round's
+    collective seconds and whether every output was bitwise equal to the first (fingerprints). The controller reads
+    the overhead with stats.paired(slowest(timed), slowest(plain))."""
+    from .. import metrics
+    from ..engine import toolkit
+
+    s = toolkit.setup(payload["moe"])
+    outs = []
+
+    def fwd():
+        outs.append(toolkit.forward(s.layer, s.tokens))  # fingerprinted after the rounds, outside the clock
+
+    t = toolkit.paired_rounds({"plain": fwd, "timed": fwd}, rounds, warmup=1, rotate=True, collectives=("timed",))
+    fps = {metrics.fingerprint(o) for o in outs}
+    return {"rank": toolkit.tdist.get_rank(), **t, "outputs_equal": len(fps) == 1, "forwards": len(outs)}
 
 
 def fingerprint_bytes(shape: list[int], dtype: str = "bf16") -> dict:

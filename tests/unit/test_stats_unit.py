@@ -53,3 +53,89 @@ def test_driver_version_is_read_from_the_kernel_module_line(tmp_path, monkeypatc
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: line if str(self) == "/proc/driver/nvidia/version"
                         else real(self, *a, **k))
     assert provenance.cuda_libraries()["driver"] == "580.159.04"
+
+
+def _rounds(wall: dict, coll: dict | None = None, placement: dict | None = None) -> dict:
+    """One rank's toolkit.paired_rounds result from per-fn lists (milliseconds → seconds)."""
+    out = {"wall_s": {m: [v / 1e3 for v in ws] for m, ws in wall.items()},
+           "collective_s": {m: [v / 1e3 for v in cs] for m, cs in (coll or {}).items()},
+           "calls": {m: [3] * len(cs) for m, cs in (coll or {}).items()}}
+    if placement:
+        out["placement"] = placement
+    return out
+
+
+VIRTUAL = {"world": 2, "ranks_per_gpu": 2, "backend": "gloo", "device": "cuda"}
+
+
+def test_compute_cost_is_the_paired_ratio_of_wall_minus_collective_seconds():
+    # two ranks; per round compute = wall - collective: case 6, 9, 8 (rank 0) / 4, 10, 8 (rank 1) → slowest 6, 10, 8
+    case0 = _rounds({"case": [10, 12, 10], "plain": [10, 10, 10]}, {"case": [4, 3, 2], "plain": [6, 5, 6]}, VIRTUAL)
+    case1 = _rounds({"case": [10, 12, 10], "plain": [9, 10, 11]}, {"case": [6, 2, 2], "plain": [4, 7, 8]}, VIRTUAL)
+    c = stats.paired_cost([case0, case1], "case", "plain")
+    # plain compute: rank 0 4, 5, 4; rank 1 5, 3, 3 → slowest 5, 5, 4; ratios 6/5, 10/5, 8/4 → median 2.0
+    assert c["compute"]["ratio"] == pytest.approx(2.0)
+    assert c["compute"]["ratios"] == pytest.approx([1.2, 2.0, 2.0]) and c["compute"]["rounds"] == 3
+    assert c["compute"]["ci"] == pytest.approx([1.2, 2.0])  # 3 rounds: the whole range
+    assert c["compute"]["t_with_s"] == pytest.approx(0.008) and c["compute"]["t_without_s"] == pytest.approx(0.005)
+    assert c["ratio"] == pytest.approx(1.0)  # the wall figure as ever: slowest walls 10, 12, 10 / 10, 10, 11
+    # per round the least transport-bound rank: plain min(6/10, 4/9), min(5/10, 7/10), min(6/10, 8/11) → median 0.5
+    assert c["collective_share"]["without"] == pytest.approx(0.5)
+    assert c["collective_share"]["with"] == pytest.approx(0.2)  # rounds min(.4, .6), min(.25, .167), .2 → .2
+    assert c["transport_bound"] is False and stats.headline_cost(c) == "wall"  # exactly half is not more than half
+    assert c["collective_calls"] == {"with": 3, "without": 3}
+    assert c["placement"] == "2 ranks share one GPU over gloo (virtual EP)" and c["placement_fields"] == VIRTUAL
+
+
+def test_a_transport_bound_wall_ratio_hides_a_twofold_compute_cost():
+    """The virtual-EP control: gloo is ~92 % of the plain forward; the remedy doubles the compute (6 → 12 ms) while
+    the ranks wait less inside the collectives, so the wall ratio reads ~1.0x. compute shows the 2x."""
+    plain_coll = [74, 75, 73, 74, 76, 74, 75]
+    plain_wall = [c + 6 for c in plain_coll]
+    case_coll = [c - 5 for c in plain_coll]
+    case_wall = [c + 12 for c in case_coll]
+    ranks = [_rounds({"case": case_wall, "plain": plain_wall}, {"case": case_coll, "plain": plain_coll},
+                     {"world": 4, "ranks_per_gpu": 4, "backend": "gloo", "device": "cuda"}) for _ in range(4)]
+    c = stats.paired_cost(ranks, "case", "plain", environment={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+    assert c["ratio"] == pytest.approx(81 / 80, rel=0.01)
+    assert c["compute"]["ratio"] == pytest.approx(2.0) and c["compute"]["ci"] == pytest.approx([2.0, 2.0])
+    assert c["collective_share"]["without"] == pytest.approx(74 / 80, abs=0.005)
+    assert c["transport_bound"] is True
+    assert stats.headline_cost(c) == "compute" and stats.figure(c) is c["compute"]
+    assert stats.figure(c, "wall") is c
+    assert c["environment"] == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert c["placement"] == "4 ranks share one GPU over gloo (virtual EP)"
+    # against its A/A floor (plain against plain, same fields): measurable on compute, not on wall
+    floor = stats.paired_cost([_rounds({"case": plain_wall, "plain": plain_wall[1:] + plain_wall[:1]},
+                                       {"case": plain_coll, "plain": plain_coll[1:] + plain_coll[:1]})] * 4,
+                              "case", "plain")
+    assert floor["transport_bound"] is True and "compute" in floor
+    assert stats.measurable(stats.figure(c), stats.figure(floor)) is True
+    assert stats.measurable(c, floor) is False
+
+
+def test_costs_without_collective_timings_keep_the_wall_figures_only():
+    old = [{"case": [0.02, 0.021, 0.02], "plain": [0.01, 0.01, 0.01]}] * 2  # an engine of before the timer
+    c = stats.paired_cost(old, "case", "plain")
+    assert c["ratio"] == pytest.approx(2.0)
+    assert not {"compute", "collective_share", "transport_bound", "placement"} & set(c)
+    assert stats.headline_cost(c) == "wall" and stats.figure(c) is c
+    untimed = [_rounds({"case": [2, 2, 2], "plain": [1, 1, 1]}, {"case": [1, 1, 1]})]  # plain's collectives untimed
+    assert "compute" not in stats.paired_cost(untimed, "case", "plain")
+    # a record's cost as older reports stored it, and no cost at all
+    rec_cost = {"ratio": 1.13, "ci": [0.97, 1.54], "rounds": 7, "environment": {}}
+    assert stats.headline_cost(rec_cost) == "wall" and stats.figure(rec_cost, "compute") is None
+    assert stats.headline_cost({"ratio": 1.1, "ci": [1, 1.2], "transport_bound": True}) == "wall"  # no compute: wall
+    assert stats.headline_cost(None) is None and stats.figure(None) is None
+    assert stats.headline_cost({"ratio": None, "ci": None, "rounds": 0}) is None
+    assert stats.paired_cost([_rounds({"case": [], "plain": []}, {"case": [], "plain": []})], "case",
+                             "plain")["ratio"] is None
+
+
+def test_placement_in_words():
+    assert stats.placement(4, 4, "gloo", "cuda") == "4 ranks share one GPU over gloo (virtual EP)"
+    assert stats.placement(8, 4, "gloo", "cuda") == "4 ranks share each of 2 GPUs over gloo (virtual EP)"
+    assert stats.placement(2, 1, "nccl", "cuda") == "one rank per GPU over NCCL (2 GPUs)"
+    assert stats.placement(1, 1, "nccl", "cuda") == "one rank on one GPU over NCCL"
+    assert stats.placement(4, None, "gloo", "cpu") == "4 CPU engines over gloo"
+    assert stats.placement() is None
