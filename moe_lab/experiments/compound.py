@@ -25,6 +25,7 @@ from ..config import MEGATRON_OPTIONS
 from .labels import FWD_CMPS, GRAD_CMPS
 from . import protocol
 from .protocol import Case
+from ..findings.compound import grads_agree  # noqa: F401 - one definition, used by tests and callers
 
 logger = logging.getLogger(__name__)
 
@@ -347,95 +348,17 @@ def _depth_records(case: Case, per_rank: list[dict]) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------- verdict
 
-def _ok(c: dict) -> bool:
-    return (not c.get("applicable", True)) or c["bitwise_equal"]
-
-
-def grads_agree(r: dict) -> bool:
-    """Every gradient comparison bitwise equal in every trial (n/a ones ignored)."""
-    return all(_ok(r[k]) for k in GRAD_CMPS)
-
-
-def _fails(r: dict, keys) -> list[str]:
-    return [f"{k.replace('_', ' ')} ({r[k]['n_differ']}/{r[k]['trials']})" for k in keys if not _ok(r[k])]
-
-
 def verdict(records: list[dict]) -> str:
-    """Gradients, depth and megatron's options — every clause from the records."""
-    back = [r for r in records if r.get("kind") == "backward"]
-    depth = [r for r in records if r.get("kind") == "depth"]
-    if not back and not depth:
-        return "No case ran."
-    r0 = (back or depth)[0]
-    lines = [f"megatron-core {r0['megatron_core']}, {r0['world']} EP rank(s) on {r0.get('gpu') or r0['device']} "
-             f"({r0.get('placement', '')}); loss = sum(out[:{r0['cut']}] * R), {r0.get('trials', 1)} trial(s):"]
-    for d in dict.fromkeys(r["dispatcher"] for r in back):
-        sub = [r for r in back if r["dispatcher"] == d]
-        plain = next((r for r in sub if r["setting"] == "plain" and r.get("available")), None)
-        if plain is not None:
-            f, g = _fails(plain, FWD_CMPS), _fails(plain, GRAD_CMPS)
-            led = [c for c in plain.get("backward_ledger", []) if c["op"].startswith(("reduce_scatter", "all_to_all"))]
-            lines.append(f"- {d}, plain: forward " + (", ".join(f) if f else "bitwise equal everywhere") + "; gradients "
-                         + (", ".join(g) if g else "bitwise equal everywhere")
-                         + (f"; the backward first differs at {plain['backward_first_divergent']}"
-                            if plain.get("backward_first_divergent") else "")
-                         + (f"; its reductions: {', '.join(sorted({c['op'] + ' in ' + c['dtype'] for c in led}))}"
-                            if led else "") + ".")
-        fwd_ok_grad_not = [r["setting"] for r in sub if r.get("available") and all(_ok(r[k]) for k in FWD_CMPS[:1])
-                           and not all(_ok(r[k]) for k in ("cross_dx", "cross_router_grad"))]
-        if fwd_ok_grad_not:
-            lines.append(f"  forward agrees across ranks but the gradients do not: {', '.join(fwd_ok_grad_not)}.")
-        good = [r for r in sub if r.get("available") and grads_agree(r) and all(_ok(r[k]) for k in FWD_CMPS)]
-        if good:
-            lines.append("  every forward and gradient comparison bitwise equal in every trial: "
-                         + ", ".join(f"{r['setting']} ({stats.describe(r.get('cost'), (plain or {}).get('cost'))})"
-                                     for r in good) + ".")
-        elif plain is not None:
-            lines.append("  no setting makes the forward and every gradient bitwise equal in every trial.")
-        partial = [r for r in sub if r.get("available") and r not in good
-                   and all(_ok(r[k]) for k in ("cross_dx", "cross_router_grad", "rerun_dx"))]
-        if partial and not good:
-            lines.append("  cross-rank gradients agree with: " + ", ".join(
-                f"{r['setting']} (still: {', '.join(_fails(r, FWD_CMPS + GRAD_CMPS))})" for r in partial) + ".")
-        na = [f"{r['setting']}: {_reason(r['reason'])}" for r in sub if r.get("available") is False]
-        if na:
-            lines.append("  not run here: " + "; ".join(dict.fromkeys(na)) + ".")
-    for d in dict.fromkeys(r["dispatcher"] for r in depth):
-        for setting in dict.fromkeys(r["setting"] for r in depth if r["dispatcher"] == d):
-            for stack in dict.fromkeys(r["stack"] for r in depth if r["dispatcher"] == d and r["setting"] == setting):
-                rows = sorted((r for r in depth if (r["dispatcher"], r["setting"], r["stack"]) == (d, setting, stack)),
-                              key=lambda r: r["layer"])
-                if not rows or not rows[0].get("available", True) or "cross_out" not in rows[0]:
-                    continue
-                lines.append(f"- depth, {d}, {setting}, {stack}: " + _growth(rows))
-    return "\n".join(lines)
+    """Notebook 05's verdict: its findings (moe_lab.findings.compound: gradient fractions over the loss's tokens)."""
+    from ..findings import compound as found, render
 
+    back = [r for r in records if r.get("kind") in ("backward", "depth")]
+    r0 = back[0] if back else None
+    title = (f"megatron-core {r0['megatron_core']}, {r0['world']} EP rank(s) on {r0.get('gpu') or r0['device']} "
+             f"({r0.get('placement', '')}); loss = sum(out[:{r0['cut']}] * R), {r0.get('trials', 1)} trial(s):"
+             if r0 else "")
+    return render.verdict(found.findings(records), title=title)
 
-def _growth(rows: list[dict]) -> str:
-    """Outputs in forward order (after layer 1 … L); gradients in backward order (at the input of layer L … 1)."""
-    parts = []
-    for k, what in (("cross_out", "outputs across ranks"), ("cross_grad", "input gradients across ranks"),
-                    ("rerun_out", "outputs between reruns"), ("rerun_grad", "input gradients between reruns"),
-                    ("truncation_out", "first tokens under truncation"),
-                    ("truncation_grad", "first tokens' gradients under truncation")):
-        if not rows[0][k].get("applicable", True):
-            continue
-        seq = rows if k.endswith("_out") else rows[::-1]
-        fr = [r[k].get("mismatch_frac", 0.0) for r in seq]
-        where = "after" if k.endswith("_out") else "at the input of"
-        if not any(fr):
-            parts.append(f"{what} bitwise equal {where} every layer")
-            continue
-        first = next(i for i, f in enumerate(fr) if f)
-        parts.append(f"{what} differ from {where} layer {seq[first]['layer']} on ({fr[first]:.3g} → {fr[-1]:.3g} of "
-                     f"elements {where} layer {seq[-1]['layer']})")
-    return "; ".join(parts) + "."
-
-
-def _reason(text: str) -> str:
-    import re
-
-    return re.sub(r" \((/|[A-Za-z]:\\)[^)]*\)", "", text)
 
 __all__ = ["cases", "on_engine", "records", "not_applicable", "verdict", "grads_agree", "SETTINGS", "MEGATRON_OPTIONS",
            "GRAD_CMPS", "FWD_CMPS"]

@@ -15,6 +15,7 @@ from .. import stats
 from . import localise, probe
 from . import protocol
 from .protocol import Case
+from ..findings.promotion import agrees, is_plain, remedy_name  # noqa: F401 - one definition, used here too
 
 logger = logging.getLogger(__name__)
 
@@ -98,19 +99,6 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
     return [rec]
 
 
-def is_plain(r: dict) -> bool:
-    return r["router_dtype"] == "none" and not r["probs_fp32_gather"] and not r["deterministic"]
-
-
-def remedy_name(r: dict) -> str:
-    parts = [f"router {r['router_dtype']}"]
-    if r["probs_fp32_gather"]:
-        parts.append("probs fp32 gather")
-    if r["deterministic"]:
-        parts.append("deterministic")
-    return " + ".join(parts)
-
-
 def cost_table(records: list[dict]):
     """Cost of every cell relative to the plain bf16 forward of the same release and dispatcher (paired rounds):
     `relative_time` (median ratio), its 95 % interval, and whether it is measurable against the A/A noise floor."""
@@ -134,95 +122,20 @@ def _floor(records: list[dict], r: dict) -> dict | None:
                  and x["megatron_core"] == r["megatron_core"] and x["dispatcher"] == r["dispatcher"]), None)
 
 
-def agrees(r: dict) -> bool:
-    """Bitwise-equal ranks and reruns in every trial."""
-    return r["cross_rank"].get("bitwise_equal", False) and r["rerun"]["bitwise_equal"]
-
-
 def verdict(records: list[dict]) -> str:
-    """Per release and dispatcher: which settings give bitwise-equal ranks and reruns in every trial, and the
-    cheapest of them — ranked only where the costs are resolved against the noise floor."""
-    ran = [r for r in records if "skipped" not in r]
-    if not ran:
-        return "No cell ran."
-    lines = []
-    for v, d in sorted({(r["megatron_core"], r["dispatcher"]) for r in ran}, key=lambda x: (_vt(x[0]), x[1])):
-        cells = [r for r in ran if r["megatron_core"] == v and r["dispatcher"] == d]
-        plain = next((r for r in cells if is_plain(r)), None)
-        trials = plain["cross_rank"].get("trials", 1) if plain else 1
-        head = f"- megatron-core {v}, {d}: plain bf16 "
-        if plain is None:
-            head += "not measured"
-        elif not plain["cross_rank"].get("applicable", True):
-            head += "has one rank (cross-rank not applicable)"
-        elif agrees(plain):
-            head += f"ranks already agree bit for bit ({trials} trials)"
-        else:
-            head += (f"ranks differ in {plain['cross_rank']['n_differ']} of {trials} trials "
-                     f"(up to {plain['cross_rank']['mismatch_frac']:.3g} of elements), reruns differ in "
-                     f"{plain['rerun']['n_differ']} of {trials}")
-        good = [r for r in cells if agrees(r) and not is_plain(r)]
-        if good and plain is not None and not agrees(plain):
-            floor = plain.get("cost")
-            free = sorted((r for r in good if stats.measurable(r.get("cost"), floor) is False), key=_simplicity)
-            costed = sorted((r for r in good if r not in free), key=lambda r: (r.get("cost") or {}).get("ratio") or 9e9)
-            head += f"; {len(good)} of {len(cells) - 1} settings give bitwise-equal ranks and reruns in every trial"
-            if free:
-                head += f"; at no measurable cost: {', '.join(remedy_name(r) for r in free)}"
-            elif costed:
-                head += f"; cheapest: {remedy_name(costed[0])} ({stats.describe(costed[0].get('cost'), floor)})"
-        elif plain is not None and not agrees(plain):
-            head += "; no setting in the grid gives bitwise-equal ranks and reruns in every trial"
-        lines.append(head)
-    skipped = sorted({(r["megatron_core"], r["skipped"]) for r in records if "skipped" in r})
-    for v, why in skipped[:3]:
-        lines.append(f"- megatron-core {v}: some cells are not applicable ({why})")
-    return "\n".join(lines)
+    """Notebook 03's verdict: per release and dispatcher, its findings (moe_lab.findings.promotion), rendered —
+    settings are never ranked inside their intervals' overlap."""
+    from ..findings import promotion as found, render
 
-
-def _simplicity(r: dict) -> tuple:
-    """Fewer changes first: no deterministic mode, no lab cast, then the narrower router dtype."""
-    return (r["deterministic"], r["probs_fp32_gather"], {"none": 0, "fp32": 1, "fp64": 2}[r["router_dtype"]])
-
-
-def best_setting(cells: list[dict]) -> tuple[dict, dict] | None:
-    """Of one release x dispatcher's cells, the setting to recommend and the noise floor it is judged against: among
-    the settings that agree in every trial, those with no measurable cost by simplicity, else the lowest ratio.
-    None if the plain forward already agrees or nothing does."""
-    plain = next((r for r in cells if is_plain(r)), None)
-    if plain is None or agrees(plain):
-        return None
-    good = [r for r in cells if agrees(r) and not is_plain(r)]
-    if not good:
-        return None
-    floor = plain.get("cost")
-    free = [r for r in good if stats.measurable(r.get("cost"), floor) is False]
-    best = (min(free, key=_simplicity) if free else
-            min(good, key=lambda r: ((r.get("cost") or {}).get("ratio") or 9e9, _simplicity(r))))
-    return best, floor
+    return render.verdict(found.findings(records))
 
 
 def recommendations(records: list[dict]) -> list[str]:
-    """What a user who wants bitwise-equal EP ranks should set, per release and dispatcher, from the records:
-    the cheapest setting that holds in every trial (a dtype setting before deterministic mode at equal cost)."""
-    ran = [r for r in records if "skipped" not in r]
-    out = []
-    for v, d in sorted({(r["megatron_core"], r["dispatcher"]) for r in ran}, key=lambda x: (_vt(x[0]), x[1])):
-        cells = [r for r in ran if r["megatron_core"] == v and r["dispatcher"] == d]
-        plain = next((r for r in cells if is_plain(r)), None)
-        if plain is None or agrees(plain):
-            out.append(f"megatron-core {v}, {d}: nothing to set — the ranks already agree in every trial.")
-            continue
-        good = [r for r in cells if agrees(r) and not is_plain(r)]
-        if not good:
-            nondet = not plain["rerun"]["bitwise_equal"]
-            out.append(f"megatron-core {v}, {d}: no setting in the grid makes the ranks agree in every trial"
-                       + (" — the plain forward is itself run-to-run nondeterministic; see notebook 04's remedies."
-                          if nondet else "."))
-            continue
-        best, floor = best_setting(cells)
-        out.append(f"megatron-core {v}, {d}: {remedy_name(best)} ({stats.describe(best.get('cost'), floor)}).")
-    return out
+    """What a user who wants bitwise-equal EP ranks should set, per release and dispatcher: the fix findings."""
+    from ..findings import promotion as found
+
+    return [f"[{f.status}] {f.claim}" + ("".join(f"\n    {line}" for line in f.lines) if f.lines else "")
+            for f in found.findings(records) if f.question == found.QUESTION]
 
 
 def dtype_story(records: list[dict]) -> str:
