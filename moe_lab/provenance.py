@@ -1,6 +1,8 @@
-"""Where a number came from: moe_lab version and git commit, torch / CUDA / cuBLAS / NCCL / driver / GPU, megatron-core,
-and the environment variables and torch switches that change numerics (#14). Runs on both sides: the controller
-adds the commit, each engine its own libraries and switches (they are what its kernels ran under)."""
+"""Where a number came from: moe_lab version and git commit, torch / CUDA / cuBLAS / NCCL / driver / GPU (name and
+UUID), the CPU (model, the ISA flags that pick kernels, torch's CPU capability, the oneDNN / BLAS build: CPU GEMMs are
+batch invariant on some CPUs only, #26), megatron-core, and the environment variables and torch switches that change
+numerics (#14). Runs on both sides: the controller adds the commit, each engine its own libraries and switches (they
+are what its kernels ran under)."""
 
 from __future__ import annotations
 

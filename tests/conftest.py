@@ -1,7 +1,105 @@
-"""Shared fixtures: one warm 4-engine gloo cluster for the whole session (tests/cluster); GPU markers skip where
-the GPUs are missing, with the reason (`gpu`: one CUDA GPU; `multigpu`: two or more)."""
+"""Shared fixtures: one warm 4-engine gloo cluster for the whole session (tests/cluster), and a second one with
+oneDNN's ISA capped (PIN_ISA) for tests that compare truncated forwards bitwise but are about something else; what
+this CPU's bf16 GEMM does (`cpu_gemm`: batch invariant or not, measured in a subprocess with the engines'
+environment) and the check of notebook 04's records against it (`truncation_story`). GPU markers skip where the
+GPUs are missing, with the reason (`gpu`: one CUDA GPU; `multigpu`: two or more).
+
+Why the CPU matters: oneDNN's bf16 GEMM on CPUs with AMX (Xeon with `amx_bf16`) is batch variant — the rows of
+x[:m] @ w change with the total M (from M ~ 256 at the cpu profile's expert shapes) — so the real layer fails the
+truncation test there; capped at AVX512_CORE_BF16 (and on CPUs without AMX, e.g. AVX2 only) it is batch invariant."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
+
+PIN_ISA = (("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16"),)
+"""The engine environment of `cpu_cluster_pinned`: oneDNN without AMX. Harmless where oneDNN has no AMX to use; it is
+in every record's numerics env (`env`, `cpu.env`), so a pinned measurement is never taken for the default."""
+
+
+class CpuGemm:
+    """This CPU's bf16 GEMM, measured apart from the test that relies on it: `moe_lab.engine.kernels` in a
+    subprocess started with this process's environment plus `env` (what engines get: `ClusterConfig.env` on top of
+    the controller's environment) and `threads` torch threads (CPU engines run one; a test's own GEMMs run in this
+    process, at its thread count). oneDNN reads its ISA cap once per process, hence the subprocess."""
+
+    def __init__(self):
+        from moe_lab import profiles
+        from moe_lab.experiments import truncation
+
+        p = profiles.load("cpu")
+        self.profile_shapes = ((p["hidden"], p["ffn_hidden"]), (p["ffn_hidden"], p["hidden"]))  # fc1, fc2 (K, N)
+        self.profile_ms = tuple(truncation.kernel_ms("cpu"))  # notebook 04's kernel probe
+
+    @functools.lru_cache(maxsize=None)
+    def _measure(self, shapes: tuple, ms: tuple, env: tuple, threads: int) -> dict:
+        cmd = [sys.executable, "-m", "moe_lab.engine.kernels", "--ms", ",".join(map(str, ms)), "--threads",
+               str(threads)]
+        for k, n in shapes:
+            cmd += ["--shape", f"{k},{n}"]
+        r = subprocess.run(cmd, env={**os.environ, **dict(env)}, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def first_variant_m(self, shapes=None, ms=None, *, env=(), threads: int = 1) -> dict:
+        """{"K,N": the first M whose first min(ms) rows differ from those rows alone, or None} per (K, N); default
+        the cpu profile's expert GEMMs at notebook 04's Ms, under the engines' default environment."""
+        shapes = tuple(tuple(s) for s in (shapes or self.profile_shapes))
+        out = self._measure(shapes, tuple(ms or self.profile_ms), tuple(sorted(dict(env).items())), threads)
+        return {s: v["first_variant_m"] for s, v in out["shapes"].items()}
+
+    def invariant(self, shapes=None, ms=None, *, env=(), threads: int = 1) -> bool:
+        return all(m is None for m in self.first_variant_m(shapes, ms, env=env, threads=threads).values())
+
+
+@pytest.fixture(scope="session")
+def cpu_gemm():
+    return CpuGemm()
+
+
+@pytest.fixture(scope="session")
+def cpu_gemm_invariant(cpu_gemm):
+    """Whether the CPU engines' bf16 GEMMs are batch invariant at the cpu profile's expert shapes (default env)."""
+    return cpu_gemm.invariant()
+
+
+def truncation_story(recs: list[dict], invariant: bool) -> None:
+    """Notebook 04's records of the REAL CPU layer (not emulated), held against what this CPU's bf16 GEMM does
+    (`invariant`, measured apart): batch invariant → the kernel probe's real expert GEMMs are bitwise equal at every
+    M and the real layer passes the truncation test; batch variant (oneDNN on AMX) → the probe shows them batch
+    variant and the real layer fails it. Either way reruns are bitwise equal (CPU and gloo are deterministic), and
+    fixed-row tiles make the probe's rows and the real layer's first tokens bitwise equal."""
+    real = [r for r in recs if not r.get("emulated") and "skipped" not in r]
+    kern = [r for r in real if r.get("kind") == "kernel"]
+    plain_k = [r for r in kern if r["remedy"] == "none"]
+    assert plain_k, "no kernel probe of the real expert GEMMs in the records"
+    varies = sorted({(r["linear"], r["M"]) for r in plain_k if not r["kernel"]["bitwise_equal"]})
+    said = "batch invariant" if invariant else "batch variant"
+    assert bool(varies) != invariant, (f"the CPU GEMM measured apart is {said}, but notebook 04's kernel probe "
+                                       f"says rows differ at {varies or 'no M'}")
+    for r in kern:
+        if "tiled_experts" in r["remedy"]:
+            assert r["kernel"]["bitwise_equal"], ("fixed-row tiles did not make the real GEMM batch invariant", r["M"])
+    cases = [r for r in real if r.get("kind") == "case" and r.get("available")]
+    plain = [r for r in cases if r["remedy"] == "none"]
+    assert plain, "no plain case of the real layer in the records"
+    for r in cases:
+        assert r["rerun"]["bitwise_equal"], (r["dispatcher"], r["remedy"], "a rerun differs on CPU")
+        if "tiled_experts" in r["remedy"]:
+            assert r["truncation"]["bitwise_equal"], (r["dispatcher"], r["remedy"], "tiles did not hold")
+    for r in plain:
+        assert r["truncation"]["bitwise_equal"] == invariant, (
+            f"{r['dispatcher']}: the real layer {'fails' if invariant else 'passes'} the truncation test "
+            f"({r['truncation'].get('n_mismatch')} elements differ) on a CPU whose bf16 GEMM is {said}")
+
+
+@pytest.fixture(scope="session", name="truncation_story")
+def _truncation_story():
+    return truncation_story
 
 
 @pytest.fixture(scope="session")
@@ -10,6 +108,20 @@ def cpu_cluster():
     from moe_lab.controller.cluster import Cluster
 
     with Cluster(ClusterConfig(device="cpu", engines=4, timeout_s=180)) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def cpu_cluster_pinned(cpu_gemm):
+    """4 engines whose oneDNN is capped at AVX512_CORE_BF16 (PIN_ISA): batch-invariant bf16 GEMMs on CPUs with AMX
+    too. For tests whose point is not the CPU's GEMM (EP order, atomics, depth) but that compare truncated forwards."""
+    from moe_lab.config import ClusterConfig
+    from moe_lab.controller.cluster import Cluster
+
+    if not cpu_gemm.invariant(env=PIN_ISA):
+        pytest.fail(f"bf16 GEMMs are batch variant even with {dict(PIN_ISA)} on this CPU "
+                    f"({cpu_gemm.first_variant_m(env=PIN_ISA)}): the pinned cluster's premise does not hold")
+    with Cluster(ClusterConfig(device="cpu", engines=4, timeout_s=180, env=PIN_ISA)) as c:
         yield c
 
 

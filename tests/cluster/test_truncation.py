@@ -1,5 +1,9 @@
-"""The truncation test of Megatron-LM #1421 on 4 gloo engines (MoEConfig defaults, router fp64): it passes on the real
-CPU layer, fails under the split-K EMULATION, passes again with the batch-invariant (tiled) experts — measured."""
+"""The truncation test of Megatron-LM #1421 on 4 gloo engines (MoEConfig defaults, router fp64): on the real CPU layer
+it passes where the CPU's bf16 GEMM is batch invariant and fails where it is not (oneDNN on AMX; `cpu_gemm` says
+which, measured apart), and passes with oneDNN capped below AMX (`cpu_cluster_pinned`); it fails under the split-K
+EMULATION and passes again with the batch-invariant (tiled) experts — measured."""
+
+import os
 
 import pytest
 import torch
@@ -31,11 +35,22 @@ def _all(rows, cmp="truncation"):
 
 
 @pytest.mark.parametrize("cfg", BOTH, ids=lambda c: c.dispatcher)
-def test_real_layer_passes_bitwise(cpu_cluster, cfg):
+def test_real_layer_truncation_is_what_the_cpu_gemm_makes_it(cpu_cluster, cpu_cluster_pinned, cpu_gemm_invariant,
+                                                             cfg):
+    """Batch-invariant CPU GEMM (AVX2, or AVX-512 without AMX): the real layer passes bitwise. Batch variant (oneDNN's
+    AMX kernels): it fails, on the CPU's own GEMM — and passes on engines with oneDNN capped at AVX512_CORE_BF16."""
     (plain,) = _cases(cpu_cluster, cfg, dict(emulation="none", remedy="none"))
-    assert _all(plain) and _all(plain, "rerun")
-    assert all(r["truncation"]["numel"] == CUT * 256 and sum(r["token_mismatch"]) == 0 for r in plain)
+    assert _all(plain, "rerun")  # CPU + gloo: a rerun is bitwise equal either way
+    assert all(r["truncation"]["numel"] == CUT * 256 for r in plain)
+    assert all(sum(r["token_mismatch"]) == r["truncation"]["n_mismatch"] for r in plain)
     assert set(plain[0]["truncation"]) == set(metrics.compare(torch.zeros(1), torch.zeros(1)))
+    assert _all(plain) == cpu_gemm_invariant, (
+        f"elements differing per rank {[r['truncation']['n_mismatch'] for r in plain]}, on a CPU whose bf16 GEMM "
+        f"(measured apart) is batch {'invariant' if cpu_gemm_invariant else 'variant'}")
+    (pinned,) = _cases(cpu_cluster_pinned, cfg, dict(emulation="none", remedy="none"))
+    assert _all(pinned) and _all(pinned, "rerun") and all(sum(r["token_mismatch"]) == 0 for r in pinned)
+    assert all(r["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16" for r in pinned)  # said in what it ran under
+    assert all(r["env"].get("ONEDNN_MAX_CPU_ISA") == os.environ.get("ONEDNN_MAX_CPU_ISA") for r in plain)  # default
 
 
 @pytest.mark.parametrize("cfg", BOTH, ids=lambda c: c.dispatcher)
@@ -56,11 +71,12 @@ def test_splitk_emulation_fails_and_tiled_experts_pass(cpu_cluster, cfg):
         assert sum(r["token_mismatch"]) == r["truncation"]["n_mismatch"]
 
 
-def test_atomics_emulation_and_what_deterministic_mode_removes(cpu_cluster):
-    """alltoall sums all top-4 contributions on the source rank: order matters there (allgather: 2 local experts)."""
+def test_atomics_emulation_and_what_deterministic_mode_removes(cpu_cluster_pinned):
+    """alltoall sums all top-4 contributions on the source rank: order matters there (allgather: 2 local experts).
+    On engines with batch-invariant GEMMs (oneDNN capped below AMX), so that only the emulations change bits."""
     cfg = CFG.replace(dispatcher="alltoall")
     atom, det, ordered, both_det = _cases(
-        cpu_cluster, cfg,
+        cpu_cluster_pinned, cfg,
         dict(emulation="atomics", remedy="none"),
         dict(emulation="atomics", remedy="deterministic"),
         dict(emulation="atomics", remedy="ordered_combine"),
@@ -103,7 +119,7 @@ def test_tolerance_explanation_holds_on_the_measured_outputs(cpu_cluster):
     assert r["max_abs"] <= 1e-3 + 1e-3 * 2 * q["max"]
 
 
-def test_controller_run_records(cpu_cluster):
+def test_controller_run_records(cpu_cluster, cpu_gemm, truncation_story):
     params = profiles.load("cpu", {"dispatchers": ["alltoall"], "trials": 2})
     cases = truncation.cases(params, emulations=["none", "splitk_bf16+atomics"], remedies=["deterministic+tiled_experts"],
                              rounds=2, ms=[64, 128, 512])
@@ -115,8 +131,10 @@ def test_controller_run_records(cpu_cluster):
         for key in ("remedy", "emulated", "dispatcher", "router_dtype", "megatron_core", "device", "world"):
             assert r[key] is not None and r[key] != "", key
         assert r["emulated"] == (r["emulation"] != "none")
+    # the real layer and the kernel probe's real GEMM rows, as this CPU's bf16 GEMM (measured apart) makes them
+    truncation_story(recs, cpu_gemm.invariant(ms=[64, 128, 512]))
+    assert all(r["cpu"]["model"] and "isa" in r["cpu"] and r["cpu"]["capability"] for r in recs)  # which CPU
     cases = {(r["emulation"], r["remedy"]): r for r in recs if r["kind"] == "case"}
-    assert cases[("none", "none")]["truncation"]["bitwise_equal"]
     assert not cases[("splitk_bf16+atomics", "none")]["truncation"]["bitwise_equal"]
     fixed = cases[("splitk_bf16+atomics", "deterministic+tiled_experts")]
     assert fixed["truncation"]["bitwise_equal"] and fixed["rerun"]["bitwise_equal"] and fixed["tile"] == 256
@@ -125,7 +143,6 @@ def test_controller_run_records(cpu_cluster):
     kern = {(r["linear"], r["emulation"], r["remedy"], r["M"]): r["kernel"]["bitwise_equal"]
             for r in recs if r["kind"] == "kernel"}
     for lin in ("fc1", "fc2"):
-        assert all(kern[(lin, "none", "none", m)] for m in (64, 128, 512))  # real CPU GEMM: batch invariant
         splits = {r["remedy"]: [] for r in recs if r["kind"] == "kernel"}
         for r in recs:
             if r["kind"] == "kernel" and r["linear"] == lin and r["emulation"] == "splitk":

@@ -75,8 +75,14 @@ def test_splitk_at_a_fixed_split_is_row_invariant():
         assert torch.equal(B.splitk_linear(x[:512], w, splits=s)[:64], B.splitk_linear(x[:64], w, splits=s))
 
 
+def _real_gemm_invariant(cpu_gemm, k, n, ms) -> bool:
+    """This CPU's bf16 GEMM at (K, N) and these Ms, measured apart (a subprocess at this process's thread count):
+    batch invariant on AVX2 / AVX-512 without AMX, not with oneDNN's AMX kernels (tests/README.md)."""
+    return cpu_gemm.invariant([(k, n)], ms, threads=torch.get_num_threads())
+
+
 @pytest.mark.parametrize("reduce_dtype", [BF16, None], ids=["bf16-reduce", "fp32-reduce"])
-def test_splitk_emulation_is_m_dependent_on_a_plain_matmul(reduce_dtype):
+def test_splitk_emulation_is_m_dependent_on_a_plain_matmul(reduce_dtype, cpu_gemm):
     x, w = _data(m=1024, n=1024, k=1024)
     m = 128
     alone = B.splitk_linear(x[:m], w, reduce_dtype=reduce_dtype)  # M=128: 2 x 16 tiles → 4 splits
@@ -84,10 +90,12 @@ def test_splitk_emulation_is_m_dependent_on_a_plain_matmul(reduce_dtype):
     assert B.splitk_splits(m, 1024, 1024) != B.splitk_splits(1024, 1024, 1024)
     diff = int((alone.view(torch.int16) != inside.view(torch.int16)).sum())
     assert diff > (m * 1024 // 10 if reduce_dtype is BF16 else 0), diff
-    assert torch.equal(F.linear(x[:1024], w)[:m], F.linear(x[:m], w))  # the real CPU GEMM is batch invariant
+    # the real CPU GEMM: batch invariant where this CPU's is (the emulation's M dependence is its own either way)
+    assert torch.equal(F.linear(x[:1024], w)[:m], F.linear(x[:m], w)) == _real_gemm_invariant(cpu_gemm, 1024, 1024,
+                                                                                              [m, 1024])
 
 
-def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it():
+def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it(cpu_gemm):
     if not B.splitk_control_available():
         pytest.skip(f"torch {torch.__version__} has no split-K switch")
     m = torch.backends.cuda.matmul
@@ -101,7 +109,10 @@ def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it()
         assert not B.splitk_allowed()
         unsplit = alone()
         assert torch.equal(unsplit, F.linear(x[:128], w))  # one split: the plain GEMM
-        assert torch.equal(B.splitk_linear(x, w)[:128], unsplit)  # and M no longer matters
+        assert torch.equal(B.splitk_linear(x, w), F.linear(x, w))  # at M=1024 too: the plain GEMM, unsplit
+        # and M matters no more than it does to the plain GEMM (not at all where this CPU's is batch invariant)
+        assert torch.equal(B.splitk_linear(x, w)[:128], unsplit) == _real_gemm_invariant(cpu_gemm, 1024, 1024,
+                                                                                          [128, 1024])
     assert not torch.equal(split, unsplit)  # positive control: the split did change bits
     assert (m.allow_bf16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction_split_k,
             m.allow_fp16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction_split_k) == before
