@@ -50,7 +50,11 @@ def test_expert_weight_gradients_and_routing_replay(recs):
     every trial on the CI machine's CPU GEMM; the count depends on its blocking), and routing replay — every expert
     gets the rows it had — makes it bitwise equal."""
     plain = _back(recs, "allgather", "plain")
-    assert not plain["experts_truncation"]["bitwise_equal"]  # the control: without replay the M-reduction differs
+    # Whether the plain weight gradient changes under truncation is the CPU GEMM's M-blocking (4 elements on the CI
+    # machine inside the full suite; equal when this module runs alone, at 722d763 too): a CPU bitwise result, so it
+    # is reported, not asserted. The control that this check can fail is the combined setting's cross_dx below.
+    print("plain experts_truncation:", plain["experts_truncation"]["n_mismatch"], "of",
+          plain["experts_truncation"]["numel"])
     for d in ("allgather", "alltoall"):
         replay = _back(recs, d, "routing replay")
         assert replay["experts_truncation"]["bitwise_equal"] and replay["experts_rerun"]["bitwise_equal"]
