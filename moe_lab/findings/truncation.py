@@ -205,14 +205,14 @@ def findings(records: list[dict]) -> list[Finding]:
     out += kern
     for _key, sub in groups(cases, "workspace", "emulation").items():
         miss = [r for r in na if (r.get("dispatcher"), r.get("world"), ws(r), r.get("emulation")) ==
-                (sub[0]["dispatcher"], sub[0]["world"], ws(sub[0]), sub[0].get("emulation"))]
+                (sub[0].get("dispatcher"), sub[0].get("world"), ws(sub[0]), sub[0].get("emulation"))]
         out += guarded(EXPERIMENT, QUESTION, sub, lambda sub=sub, miss=miss: _setting(sub, miss))
     # a subject measured only under EMULATION: the real layer's truncation is not measured, and says so
     real_keys = {k[:4] for k in groups([r for r in cases if not r.get("emulated")])}
     for key, sub in groups([r for r in cases if r.get("emulated")]).items():
         if key[:4] not in real_keys:
             out.append(Finding(EXPERIMENT, QUESTION, subject_of(sub[0], setting="real layer"), NOT_MEASURED,
-                               f"{sub[0]['dispatcher']}: only EMULATED cases ran — the real layer's truncation test "
+                               f"{sub[0].get('dispatcher')}: only EMULATED cases ran — the real layer's truncation test "
                                "was not measured", Evidence(records=case_keys(sub)), card=True,
                                commits=commits_of(sub)))
     out += guarded(EXPERIMENT, "why truncation fails", cases, lambda: _why(recs, cases, kern))

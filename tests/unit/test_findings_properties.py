@@ -3,6 +3,7 @@ usual story — missing fields, NaN/inf/0 costs, world 1, EP=2, mixed layer conf
 emulated cases, every cell skipped — and every finding built from them must still keep the rules."""
 
 import math
+import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01
@@ -11,7 +12,9 @@ from moe_lab.findings import NOT_MEASURED, PASS, Cost, registry, render
 from moe_lab.findings.common import choose
 from moe_lab.findings.model import Finding
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=int(os.environ.get("MOE_LAB_HYPOTHESIS_EXAMPLES", 100)), deadline=None,
+                    derandomize=not os.environ.get("MOE_LAB_HYPOTHESIS_EXAMPLES"),
+                    suppress_health_check=[HealthCheck.too_slow])
 floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(0.5, 3.0))
 counts = st.integers(0, 1000)
 
