@@ -14,19 +14,6 @@ def label(r: dict) -> str:
     return f"{emu} / {rem_label(r['remedy'], r.get('tile'))}"
 
 
-def describe_cmp(c: dict) -> str:
-    """'bitwise equal' / 'N of M elements differ (frac), max U ULP, max abs A' — exact counts, never '0.00%';
-    with trials: 'in k of N trials'. Not applicable: the reason."""
-    if not c.get("applicable", True):
-        return f"not applicable ({c['reason']})"
-    trials = c.get("trials", 1)
-    if c["bitwise_equal"]:
-        return "bitwise equal" + (f" in all {trials} trials" if trials > 1 else "")
-    text = (f"{c['n_mismatch']:,} of {c['numel']:,} elements differ ({c['mismatch_frac']:.3g}), "
-            f"max {c['max_ulp']:.0f} ULP, max abs {c['max_abs']:.3g}")
-    return text + (f", in {c['n_differ']} of {trials} trials" if trials > 1 else "")
-
-
 EP_DOMINANCE = 100
 """Ranks whose outputs differ in every trial by at least this many times the elements any rerun changes: EP order,
 with run-to-run nondeterminism on top ('ep+nondeterminism')."""
@@ -74,4 +61,4 @@ GRAD_CMPS = ("cross_dx", "rerun_dx", "truncation_dx", "cross_router_grad", "reru
              "truncation_router_grad", "experts_rerun", "experts_truncation")
 
 
-__all__ = ["label", "rem_label", "describe_cmp", "attribution", "EP_DOMINANCE", "placement_note", "FWD_CMPS", "GRAD_CMPS"]
+__all__ = ["label", "rem_label", "attribution", "EP_DOMINANCE", "placement_note", "FWD_CMPS", "GRAD_CMPS"]

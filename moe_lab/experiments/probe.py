@@ -16,7 +16,7 @@ import time
 
 from .. import metrics
 from ..config import MoEConfig
-from .labels import describe_cmp
+from ..findings.common import describe as describe_cmp  # one wording of a comparison
 from .protocol import Case
 
 logger = logging.getLogger(__name__)
