@@ -36,9 +36,9 @@ class CpuGemm:
         self.profile_ms = tuple(truncation.kernel_ms("cpu"))  # notebook 04's kernel probe
 
     @functools.lru_cache(maxsize=None)
-    def _measure(self, shapes: tuple, ms: tuple, env: tuple, threads: int) -> dict:
+    def _measure(self, shapes: tuple, ms: tuple, env: tuple, threads: int, speed: bool = False) -> dict:
         cmd = [sys.executable, "-m", "moe_lab.engine.kernels", "--ms", ",".join(map(str, ms)), "--threads",
-               str(threads)]
+               str(threads)] + (["--speed"] if speed else [])
         for k, n in shapes:
             cmd += ["--shape", f"{k},{n}"]
         r = subprocess.run(cmd, env={**os.environ, **dict(env)}, capture_output=True, text=True, timeout=300)
@@ -51,6 +51,15 @@ class CpuGemm:
         shapes = tuple(tuple(s) for s in (shapes or self.profile_shapes))
         out = self._measure(shapes, tuple(ms or self.profile_ms), tuple(sorted(dict(env).items())), threads)
         return {s: v["first_variant_m"] for s, v in out["shapes"].items()}
+
+    def slowdown(self, threads: int = 1) -> dict:
+        """How much slower this CPU's bf16 GEMM is than its fp32 GEMM at the cpu profile's expert shapes, M = notebook
+        04's largest (one thread, as an engine runs): {"K,N": {"bf16": ms, "fp32": ms}, "worst_ratio": r}. About 1
+        or below where the CPU has bf16 instructions (AVX-512 BF16, AMX); 9-50 on an AVX2-only AMD EPYC (a slow
+        path in torch 2.13's CPU build)."""
+        out = self._measure(self.profile_shapes, self.profile_ms, (), threads, True)["shapes"]
+        per = {s: v["gemm_ms"] for s, v in out.items()}
+        return {**per, "worst_ratio": max(v["bf16"] / v["fp32"] for v in per.values())}
 
     def invariant(self, shapes=None, ms=None, *, env=(), threads: int = 1) -> bool:
         return all(m is None for m in self.first_variant_m(shapes, ms, env=env, threads=threads).values())

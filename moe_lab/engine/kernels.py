@@ -40,6 +40,28 @@ def cpu_gemm_batch_variance(k: int, n: int, ms, *, dtype: torch.dtype = torch.bf
     return next((M for M, n_diff in d.items() if n_diff), None)
 
 
+def gemm_ms(k: int, n: int, m: int, *, dtype: torch.dtype = torch.bfloat16, repeats: int = 20,
+            seed: int = 0) -> float:
+    """Median milliseconds of one x[:m] @ w.T (x [m, k], w [n, k]) on this process's CPU GEMM, after 3 warm-ups.
+    CPUs differ by more than their clocks here: without bf16 instructions (AVX2 only) torch 2.13's CPU bf16 GEMM
+    takes a slow path (~50x its fp32 GEMM at the cpu profile's shapes on an AMD EPYC with AVX2), which sets how long
+    the cpu profile runs there (tests/notebooks: the budget holds where bf16 is not that slow)."""
+    import statistics
+    import time
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype)
+    ts = []
+    with torch.no_grad():
+        for i in range(3 + repeats):
+            t0 = time.perf_counter()
+            _matmul(x, w)
+            if i >= 3:
+                ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
 def main(argv=None) -> int:
     """`python -m moe_lab.engine.kernels --shape K,N [--shape K,N ...] --ms 128,256 [--threads 1] [--dtype bf16]`:
     one JSON line {"K,N": {"first_variant_m": M or null, "differ": {M: n}}, "threads": t, "env": {...}}."""
@@ -54,6 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU engines use 1)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speed", action="store_true",
+                   help="also the median ms of one GEMM at M = the largest of --ms, in --dtype and in fp32")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -65,12 +89,15 @@ def main(argv=None) -> int:
         d = rows_differ(k, n, ms, dtype=dt, seed=a.seed)
         out[f"{k},{n}"] = {"first_variant_m": next((M for M, c in d.items() if c), None),
                            "differ": {str(M): c for M, c in d.items()}}
+        if a.speed:
+            out[f"{k},{n}"]["gemm_ms"] = {a.dtype: gemm_ms(k, n, max(ms), dtype=dt, seed=a.seed),
+                                          "fp32": gemm_ms(k, n, max(ms), dtype=torch.float32, seed=a.seed)}
     print(json.dumps({"shapes": out, "ms": ms, "dtype": a.dtype, "threads": torch.get_num_threads(),
                       "env": provenance.numerics_env()}))
     return 0
 
 
-__all__ = ["rows_differ", "cpu_gemm_batch_variance", "main"]
+__all__ = ["rows_differ", "cpu_gemm_batch_variance", "gemm_ms", "main"]
 
 if __name__ == "__main__":
     raise SystemExit(main())
