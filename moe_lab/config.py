@@ -11,6 +11,9 @@ ROUTER_DTYPES = ("none", "fp32", "fp64")
 DTYPES = ("bf16", "fp16", "fp32")
 DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (its entry-point names)
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest timeout the lab takes (a week; flags and profiles alike): larger values overflow the timers of zmq and
+threading (#25: `--timeout 1e20` once became a cluster fault of rank 0)."""
 MEGATRON_OPTIONS = ("moe_enable_routing_replay", "moe_permute_fusion", "moe_router_fusion")
 """TransformerConfig booleans the lab can turn on (the layer is built with them: they are part of its identity)."""
 

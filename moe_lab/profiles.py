@@ -6,7 +6,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .config import DISPATCHERS, LAUNCHERS, ROUTER_DTYPES, ClusterConfig, MoEConfig
+from .config import DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
@@ -57,19 +57,28 @@ def check(params: dict, where: str = "parameters") -> None:
     rel = params.get("releases", [])
     if isinstance(rel, str):
         rel = params["releases"] = [v for v in rel.split(",") if v]
+    if not isinstance(rel, list) or not all(isinstance(v, str) for v in rel):
+        raise ValueError(f"{where}: releases ({rel!r}) must be a list of 'installed' or X.Y.Z strings, e.g. "
+                         "[\"0.11.0\", \"installed\"] or -p releases=0.11.0,installed")
+    if len(set(rel)) != len(rel):
+        raise ValueError(f"{where}: releases ({rel!r}) names a release twice")
     for v in rel:
         if v != "installed":
-            from .engine.compat import parse_version
+            from .engine.compat import check_supported, parse_version
 
             try:
                 parse_version(v)
             except ValueError:
                 raise ValueError(f"{where}: releases entry ({v!r}) must be 'installed' or X.Y.Z, e.g. 0.12.3") from None
+            try:
+                check_supported(v)
+            except ValueError as e:
+                raise ValueError(f"{where}: releases entry {v!r}: {e}") from None
     for axis in ("probs_fp32_gather", "deterministic"):  # sweep axes: lists of booleans
         vals = params.get(axis, [False, True])
         if not isinstance(vals, list) or not vals or not all(isinstance(v, bool) for v in vals):
             raise ValueError(f"{where}: {axis} ({vals!r}) must be a non-empty list of true/false")
-    for key in ("repeats", "trials", "cost_rounds", "gpus"):
+    for key in ("repeats", "trials", "cost_rounds", "gpus", "depth_layers", "depth_ffn_hidden"):
         v = params.get(key, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
             raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")
@@ -80,8 +89,8 @@ def check(params: dict, where: str = "parameters") -> None:
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
     for key in ("timeout_s", "start_timeout_s"):
         t = params.get(key, 120)
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
-            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds")
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 < t <= MAX_SECONDS:  # NaN fails too
+            raise ValueError(f"{where}: {key} ({t!r}) must be a finite number of seconds in (0, {MAX_SECONDS:.0f}]")
     for key in ("engines", "one_gpu_engines"):
         e = params.get(key, 0)
         if not isinstance(e, int) or isinstance(e, bool) or e < 0:
@@ -91,8 +100,10 @@ def check(params: dict, where: str = "parameters") -> None:
     if not isinstance(params.get("launcher_options", {}), dict):
         raise ValueError(f"{where}: launcher_options ({params['launcher_options']!r}) must be a JSON object of "
                          "ipyparallel settings, e.g. {\"mpi_args\": [\"--oversubscribe\"]}")
-    cut, seq = params.get("cut", 90), params["seq_len"]
-    if not isinstance(cut, int) or not 0 < cut < seq:
+    cut, seq = params.get("cut", 90), params.get("seq_len", base_moe(params).seq_len)  # MoEConfig's default
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 2:
+        raise ValueError(f"{where}: seq_len ({seq!r}) must be an integer >= 2")
+    if not isinstance(cut, int) or isinstance(cut, bool) or not 0 < cut < seq:
         raise ValueError(f"{where}: cut ({cut!r}) must be an integer in 1..seq_len-1 ({seq - 1})")
 
 

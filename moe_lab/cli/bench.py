@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import MoEConfig
+from .argtypes import count as _count, seconds as _seconds
 from ..tools.bench import capture_overhead, run
 
 
@@ -91,15 +92,15 @@ def format_table(result: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of `moe-lab bench`."""
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if a GPU is visible")
-    p.add_argument("--engines", type=int, default=None, help="default: one per GPU (cuda) or 4 (cpu)")
+    p.add_argument("--engines", type=_count(), default=None, help="default: one per GPU (cuda) or 4 (cpu)")
     p.add_argument("--seed-report", action="store_true",
                    help="the seed report's layer (default on cuda; on cpu the small layer of MoEConfig())")
-    p.add_argument("--repeats", type=int, default=3, help="every figure is the median of this many runs")
+    p.add_argument("--repeats", type=_count(), default=3, help="every figure is the median of this many runs")
     p.add_argument("--quick", action="store_true",
                    help="4 configs, 1 repeat, the small layer unless --seed-report (CI; a short GPU run)")
     p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds for every engine call and collective")
-    p.add_argument("--capture-only", type=int, default=None, metavar="ROUNDS",
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
+    p.add_argument("--capture-only", type=_count(), default=None, metavar="ROUNDS",
                    help="only the capture overhead, from ROUNDS paired rounds (no fresh spawns)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT",
                    help="write the result as JSON to OUT ('-': stdout, the table then goes to stderr)")

@@ -15,6 +15,8 @@ import os
 import sys
 from pathlib import Path
 
+from .argtypes import count as _count, notebooks as _notebooks, nonempty as _nonempty, seconds as _seconds
+
 logger = logging.getLogger("moe_lab")
 EXIT_INPUT, EXIT_FAULT, EXIT_INTERRUPTED = 2, 3, 130
 
@@ -34,6 +36,21 @@ def _csv(allowed):
             raise argparse.ArgumentTypeError(f"{s!r}: each value must be one of {', '.join(allowed)}")
         return vals
     return parse
+
+
+class _Version(argparse.Action):
+    """`moe-lab --version`: the package version and the commit (and whether moe_lab/ has local changes)."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print version and commit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .. import provenance
+
+        v = provenance.code_version()
+        dirty = " (moe_lab/ has local changes)" if v.get("dirty") else ""
+        print(f"moe-lab {v['moe_lab']} commit {v.get('commit') or 'unknown'} source {v['source_sha']}{dirty}")
+        parser.exit(0)
 
 
 def _kv(s: str) -> tuple[str, object]:
@@ -68,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..config import DISPATCHERS, ROUTER_DTYPES
 
     ap = Parser(prog="moe-lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action=_Version)
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     ap.add_argument("--debug", action="store_true", help="debug logging, and full tracebacks on errors")
     ap.add_argument("--log", default=None, help="where an error's traceback goes (default ~/.cache/moe_lab/error.log)")
@@ -75,36 +93,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("probe", help="one-line check of EP divergence on this machine: one JSON object per config")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if a GPU is visible")
-    p.add_argument("--engines", type=int, default=None,
+    p.add_argument("--engines", type=_count(), default=None,
                    help="ranks (= EP x TP); default one per GPU (cuda) or 4 (cpu). On cuda a multiple of the GPUs: "
                         "k x GPUs puts k ranks on each GPU over gloo (virtual EP)")
-    p.add_argument("--gpus", type=int, default=None, help="cuda: GPUs to use (default all visible)")
-    p.add_argument("--trials", type=int, default=None, help="trials of each comparison (default 5 on cuda, 3 on cpu)")
+    p.add_argument("--gpus", type=_count(), default=None, help="cuda: GPUs to use (default all visible)")
+    p.add_argument("--trials", type=_count(), default=None, help="trials of each comparison (default 5 on cuda, 3 on cpu)")
     p.add_argument("--dispatcher", type=_csv(DISPATCHERS), default=["allgather"], help="comma list")
     p.add_argument("--router-dtype", type=_csv(ROUTER_DTYPES), default=["none"], help="comma list: none,fp32,fp64")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--topk", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=512)
-    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--hidden", type=_count(), default=256)
+    p.add_argument("--experts", type=_count(), default=8)
+    p.add_argument("--topk", type=_count(), default=4)
+    p.add_argument("--ffn", type=_count(), default=512)
+    p.add_argument("--seq", type=_count(2), default=128)
     p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
     p.add_argument("--seed", type=int, default=123)
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--tp", type=_count(), default=1)
     p.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms (+NCCL_ALGO=Ring)")
     p.add_argument("--seed-report", action="store_true", help="the seed report's layer: 4096/64 experts/top-6/1024 tokens/ffn 16384")
     p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds for every engine call and collective")
-    p.add_argument("--start-timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
+    p.add_argument("--start-timeout", type=_seconds, default=120.0,
                    help="seconds for the engines to start and register (a Slurm job may wait in the queue)")
     p.add_argument("--json", action="store_true", help="only JSON lines on stdout")
     _add_launcher_arguments(p)
 
     r = sub.add_parser("run", help="execute the numbered notebooks with papermill and render HTML reports")
-    r.add_argument("--profile", default=None, help="cpu | gpu | path to a JSON profile (default: gpu if a GPU is visible)")
-    r.add_argument("--only", default=None, help="comma list of notebook numbers, e.g. 01,03")
+    r.add_argument("--profile", type=_nonempty("--profile"), default=None, help="cpu | gpu | path to a JSON profile (default: gpu if a GPU is visible)")
+    r.add_argument("--only", type=_notebooks, default=None, help="comma list of notebook numbers, e.g. 01,03")
     r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value")
     r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>)")
-    r.add_argument("--timeout", type=float, default=None, help="seconds per notebook (default 1800)")
+    r.add_argument("--timeout", type=_seconds, default=None, help="seconds per notebook (default 1800)")
     _add_launcher_arguments(r)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")

@@ -1,0 +1,57 @@
+"""The types of `moe-lab`'s flags: each value is checked where it is parsed, so bad input is one line and exit 2
+before anything starts (#25) — counts >= 1, finite timeouts a timer can hold, non-empty names, notebook lists
+without repeats."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import MAX_SECONDS
+
+
+def count(lo: int = 1):
+    """An int flag >= lo (a count of trials, engines, GPUs, rounds; a layer size)."""
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} must be >= {lo}")
+        return v
+    return parse
+
+
+def seconds(s: str) -> float:
+    """A timeout flag: a finite number of seconds in (0, MAX_SECONDS]."""
+    import math
+
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
+    if not math.isfinite(v) or not 0 < v <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{s!r}: seconds must be finite, > 0 and <= {MAX_SECONDS:.0f} (a week)")
+    return v
+
+
+def nonempty(what: str):
+    def parse(s: str) -> str:
+        if not s.strip():
+            raise argparse.ArgumentTypeError(f"empty {what}")
+        return s.strip()
+    return parse
+
+
+def notebooks(s: str) -> str:
+    """--only: a non-empty comma list of notebook numbers, each once (which exist is checked by runner.select)."""
+    want = [w.strip().zfill(2) for w in s.split(",") if w.strip()]
+    if not want:
+        raise argparse.ArgumentTypeError(f"{s!r}: give notebook numbers, e.g. --only 01,03")
+    dup = sorted({w for w in want if want.count(w) > 1})
+    if dup:
+        raise argparse.ArgumentTypeError(f"{s!r}: notebook {', '.join(dup)} given twice")
+    return ",".join(want)
+
+
+__all__ = ["count", "seconds", "nonempty", "notebooks", "MAX_SECONDS"]

@@ -1,0 +1,82 @@
+"""#25 item 1: every flag and every -p value is checked where it is parsed — one line on stderr, exit 2, nothing
+started — for the inputs that used to be accepted or to end in a traceback. The controls: the same flags with good
+values parse (a check that refused everything would pass the refusals)."""
+
+import pytest
+
+from moe_lab import cli
+
+REFUSED = [
+    (["probe", "--trials", "0"], "--trials: 0 must be >= 1"),
+    (["probe", "--engines", "-1"], "--engines"),
+    (["probe", "--seq", "1"], "--seq: 1 must be >= 2"),
+    (["probe", "--timeout", "inf"], "must be finite"),
+    (["probe", "--start-timeout", "nan"], "must be finite"),
+    (["run", "--timeout", "0"], "> 0"),
+    (["run", "--timeout", "-5"], "> 0"),
+    (["run", "--timeout", "1e20"], "a week"),
+    (["run", "--only", ""], "give notebook numbers"),
+    (["run", "--only", "01,1"], "notebook 01 given twice"),
+    (["run", "--profile", ""], "empty --profile"),
+    (["bench", "--repeats", "0"], "--repeats"),
+    (["bench", "--capture-only", "0"], "--capture-only"),
+]
+
+
+@pytest.mark.parametrize("argv,said", REFUSED, ids=[" ".join(a) or "empty" for a, _ in REFUSED])
+def test_a_bad_flag_is_one_line_and_exit_2(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and said in err and len(err.splitlines()) == 1, err
+
+
+def test_good_values_of_the_same_flags_parse():
+    ap = cli.build_parser()
+    a = ap.parse_args(["probe", "--trials", "1", "--seq", "2", "--timeout", "0.5", "--start-timeout", "604800"])
+    assert (a.trials, a.seq, a.timeout, a.start_timeout) == (1, 2, 0.5, 604800.0)
+    assert ap.parse_args(["run", "--only", "1,03", "--timeout", "60"]).only == "01,03"
+
+
+P_REFUSED = [
+    ("releases=5", "must be a list of 'installed' or X.Y.Z strings"),
+    ("releases=[1]", "must be a list of 'installed' or X.Y.Z strings"),
+    ("releases=0.99.0", "0.99.0 is not supported"),
+    ("releases=0.11.0,0.11.0", "names a release twice"),
+    ("timeout_s=Infinity", "finite number of seconds"),
+    ("timeout_s=NaN", "finite number of seconds"),
+    ("depth_layers=\"abc\"", "depth_layers ('abc') must be a positive integer"),
+    ("trials=0", "trials (0) must be a positive integer"),
+    ("seq_len=1", "seq_len (1)"),
+]
+
+
+@pytest.mark.parametrize("kv,said", P_REFUSED, ids=[k for k, _ in P_REFUSED])
+def test_a_bad_parameter_is_refused_before_any_notebook_starts(kv, said, tmp_path, capsys):
+    rc = cli.main(["run", "--profile", "cpu", "--only", "01", "-p", kv, "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and said in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "r" / "01_reproduce_ep_divergence.ipynb").exists()
+
+
+def test_a_profile_without_seq_len_takes_the_layer_default(tmp_path):
+    """A JSON profile that leaves seq_len out is the MoEConfig default, not a KeyError (#25)."""
+    import json
+
+    from moe_lab import profiles
+    from moe_lab.config import MoEConfig
+
+    p = tmp_path / "p.json"
+    base = {"device": "cpu", "engines": 2, "dispatchers": ["allgather"], "router_dtypes": ["none"]}
+    p.write_text(json.dumps({**base, "cut": 10}))
+    assert profiles.load(str(p))["cut"] == 10 and MoEConfig().seq_len > 10
+    p.write_text(json.dumps({**base, "cut": MoEConfig().seq_len}))  # control: the cut rule still holds
+    with pytest.raises(ValueError, match="cut"):
+        profiles.load(str(p))
+
+
+def test_version_says_the_commit(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("moe-lab ") and " commit " in out and " source " in out
