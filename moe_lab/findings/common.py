@@ -146,6 +146,27 @@ def choice_text(ch: dict, costs: dict[str, Cost | None]) -> str:
     return f"{ch['name']} (no valid cost measured: " + ", ".join(ch["invalid"]) + ")"
 
 
+COST_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO")
+"""Engine environment a remedy can bring with it that changes kernels (cuBLAS workspace: split-K; NCCL algorithm)."""
+
+
+def env_clause(rec: dict | None, plain: dict | None) -> str:
+    """Where `rec`'s engines ran with another COST_ENV than the plain record's (deterministic cells on GPUs set
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 and NCCL_ALGO=Ring), the clause that says so — its cost includes them. '' when
+    both ran alike or a record has no `env` field (older records: nothing to say)."""
+    if not isinstance(rec, dict) or not isinstance(plain, dict):
+        return ""
+    a, b = rec.get("env"), plain.get("env")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return ""
+    diff = [k for k in COST_ENV if a.get(k) != b.get(k)]
+    if not diff:
+        return ""
+    said = ", ".join(f"{k}={a[k]}" if a.get(k) is not None else f"{k} unset" for k in diff)
+    base = ", ".join(f"{k}={b[k]}" if b.get(k) is not None else f"{k} unset" for k in diff)
+    return f" (its engines ran with {said}, the plain cell's with {base}: the cost includes that)"
+
+
 def guarded(experiment: str, question: str, recs: list, build: Callable[[], list[Finding]]) -> list[Finding]:
     """build(); a record it cannot read becomes one NOT MEASURED finding naming the field (an older layout)."""
     try:
@@ -178,4 +199,4 @@ def status_of(ok: bool) -> str:
 
 
 __all__ = ["vt", "applicable", "equal", "trials", "trials_text", "count", "describe", "cost", "choose", "choice_text",
-           "guarded", "groups", "status_of", "TRANSPORT_BOUND", "NA", "NOT_MEASURED"]
+           "env_clause", "COST_ENV", "guarded", "groups", "status_of", "TRANSPORT_BOUND", "NA", "NOT_MEASURED"]

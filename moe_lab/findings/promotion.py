@@ -4,7 +4,7 @@ what cost — named by `common.choose`, which never ranks settings whose interva
 
 from __future__ import annotations
 
-from .common import choice_text, choose, cost, describe, groups, guarded, trials
+from .common import choice_text, choose, cost, describe, env_clause, groups, guarded, trials
 from .model import FAIL, NA, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 
 EXPERIMENT = "promotion"
@@ -64,7 +64,7 @@ def _group(cells: list[dict]) -> list[Finding]:
     best = next(r for r in good if remedy_name(r) == ch["name"])
     from .jobs import job_lines
 
-    return [Finding(EXPERIMENT, QUESTION, subj, PASS, head + "; " + choice_text(ch, costs),
+    return [Finding(EXPERIMENT, QUESTION, subj, PASS, head + "; " + choice_text(ch, costs) + env_clause(best, plain),
                     Evidence(records=case_keys([plain, best]), trials=trials(best["cross_rank"]), cost=ch["cost"]),
                     remedy=ch["name"], lines=job_lines(ch["name"]), card=True, commits=commits)]
 

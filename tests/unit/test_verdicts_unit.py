@@ -228,3 +228,20 @@ def test_05_input_gradient_fractions_count_the_loss_tokens_only():
 def test_05_without_the_plain_setting_nothing_is_claimed():
     fs = compound.findings([back05("allgather", "router fp32")])
     assert by(fs, compound.QUESTION)[0].status == NOT_MEASURED and registry.headline(fs)[0] == NOT_MEASURED
+
+
+def test_03_a_remedy_that_brings_its_own_engine_environment_says_so():
+    """On GPUs deterministic cells run on engines with CUBLAS_WORKSPACE_CONFIG=:4096:8 and NCCL_ALGO=Ring, the plain
+    cell without: the cost of the named remedy includes them, and the claim says which, from the records' env. The
+    control: the same records without an env difference say nothing of it."""
+    ws = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring"}
+    recs = [cell(cross=300, env={}), cell(r="fp32", cross=280, env={}), cell(r="fp32", det=True, ratio=1.3,
+                                                                            ci=(1.2, 1.4), env=ws)]
+    f = promotion.findings(recs)[0]
+    assert f.remedy == "router fp32 + deterministic"
+    assert ("its engines ran with CUBLAS_WORKSPACE_CONFIG=:4096:8, NCCL_ALGO=Ring, the plain cell's with "
+            "CUBLAS_WORKSPACE_CONFIG unset, NCCL_ALGO unset: the cost includes that") in f.claim
+    same = [cell(cross=300, env=ws), cell(r="fp32", cross=280, env=ws), cell(r="fp32", det=True, ratio=1.3,
+                                                                             ci=(1.2, 1.4), env=ws)]
+    g = promotion.findings(same)[0]
+    assert g.remedy == f.remedy and "its engines ran with" not in g.claim
