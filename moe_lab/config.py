@@ -14,6 +14,14 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (it
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest timeout the lab takes (a week; flags and profiles alike): larger values overflow the timers of zmq and
 threading (#25: `--timeout 1e20` once became a cluster fault of rank 0)."""
+def check_cut(cut, seq_len: int, name: str = "cut") -> int:
+    """The truncation rule, stated once (#22): the first `cut` tokens are kept and the rest zeroed, so cut is a whole
+    number in 1..seq_len-1. Returns cut; raises ValueError naming `name` (the flag or key the user wrote)."""
+    if not isinstance(cut, int) or isinstance(cut, bool) or not 0 < cut < seq_len:
+        raise ValueError(f"{name} ({cut!r}) must be an integer in 1..seq_len-1 ({seq_len - 1})")
+    return cut
+
+
 MEGATRON_OPTIONS = ("moe_enable_routing_replay", "moe_permute_fusion", "moe_router_fusion")
 """TransformerConfig booleans the lab can turn on (the layer is built with them: they are part of its identity)."""
 

@@ -6,7 +6,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .config import DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig
+from .config import DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig, check_cut
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
@@ -103,8 +103,10 @@ def check(params: dict, where: str = "parameters") -> None:
     cut, seq = params.get("cut", 90), params.get("seq_len", base_moe(params).seq_len)  # MoEConfig's default
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 2:
         raise ValueError(f"{where}: seq_len ({seq!r}) must be an integer >= 2")
-    if not isinstance(cut, int) or isinstance(cut, bool) or not 0 < cut < seq:
-        raise ValueError(f"{where}: cut ({cut!r}) must be an integer in 1..seq_len-1 ({seq - 1})")
+    try:
+        check_cut(cut, seq)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def base_moe(params: dict, **changes) -> MoEConfig:

@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _probe_configs(a) -> list:
-    from ..config import MoEConfig
+    from ..config import MoEConfig, check_cut
 
     if a.seed_report:
         base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
@@ -183,8 +183,7 @@ def _probe_configs(a) -> list:
         base = MoEConfig(hidden=a.hidden, num_experts=a.experts, topk=a.topk, ffn_hidden=a.ffn, seq_len=a.seq,
                          seed=a.seed, tp=a.tp, deterministic=a.deterministic)
     cfgs = [base.replace(dispatcher=d, router_dtype=r) for d in a.dispatcher for r in a.router_dtype]
-    if not 0 < a.cut < base.seq_len:
-        raise ValueError(f"--cut ({a.cut}) must be in 1..seq-1 ({base.seq_len - 1})")
+    check_cut(a.cut, base.seq_len, "--cut")
     return cfgs
 
 

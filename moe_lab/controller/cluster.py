@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -239,10 +240,18 @@ class Cluster:
         """
         cfg = self.config
         deadline = time.monotonic() + cfg.start_timeout_s
+        next_look = time.monotonic() + 0.5
         while True:
             new = sorted(eid for eid, _ in _registered(self.client) - previous)
             if len(new) >= cfg.engines:  # old ids may linger until the hub's heartbeat drops them: never targeted
                 break
+            if time.monotonic() > next_look:  # an engine that died before registering: said now, not at the deadline
+                next_look = time.monotonic() + 0.5
+                ended = self._ended_engines()
+                if ended:
+                    raise ClusterError(f"{len(ended)} of {cfg.engines} engine process(es) ended before registering "
+                                       f"({'; '.join(ended)}), {len(new)} registered; run one by hand to see why: "
+                                       f"{sys.executable} -m ipyparallel.engine", kind="died")
             if time.monotonic() > deadline:
                 raise ClusterError(f"{len(new)} of {cfg.engines} engines registered within "
                                    f"{cfg.start_timeout_s:.0f} s; raise start_timeout_s, or see why they fail with "
@@ -471,6 +480,20 @@ class Cluster:
                 return False
             time.sleep(0.02)
         return True
+
+    def _ended_engines(self) -> list[str]:
+        """'pid N: exit code C' / 'pid N: killed by SIGKILL' for each engine process of the current engine set that
+        has ended (engines this process launched itself: the local launcher; other launchers report nothing here)."""
+        es = self._ipp.engines.get(self._engine_set) if self._ipp is not None and self._engine_set is not None else None
+        out = []
+        for launcher in list(getattr(es, "launchers", {}).values()):
+            proc = getattr(launcher, "process", None)
+            if proc is not None and processes.pid_gone(proc.pid) is not None:
+                out.append(f"pid {proc.pid}: {self._exit_status(proc.pid) or processes.pid_gone(proc.pid)}")
+        for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():  # reaped by ipyparallel
+            if isinstance(data, dict) and data.get("pid") and not any(f"pid {data['pid']}:" in o for o in out):
+                out.append(f"pid {data['pid']}: {processes.describe_exit(data.get('exit_code'))}")
+        return out
 
     def _exit_status(self, pid: int) -> str:
         """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it)."""

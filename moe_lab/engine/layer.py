@@ -84,8 +84,9 @@ def make_tokens(cfg: MoEConfig, device: torch.device) -> torch.Tensor:
 
 def truncate(tokens: torch.Tensor, cut: int) -> torch.Tensor:
     """The seed report's truncation: tokens[cut:] = 0."""
-    if not 0 < cut < tokens.shape[0]:
-        raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({tokens.shape[0] - 1})")
+    from ..config import check_cut
+
+    check_cut(cut, tokens.shape[0])
     t = tokens.clone()
     t[cut:] = 0
     return t

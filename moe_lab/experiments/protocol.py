@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import ClusterConfig, MoEConfig
+from ..config import ClusterConfig, MoEConfig, check_cut
 from ..reporting import results as results_file
 from ..reporting.results import latest  # noqa: F401 - the records a notebook's latest run showed
 
@@ -81,8 +81,7 @@ def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> N
 
     cfg.resolved_ep(world)
     compat.check_config(cfg, megatron_version)
-    if not isinstance(cut, int) or isinstance(cut, bool) or not 0 < cut < cfg.seq_len:
-        raise ValueError(f"cut ({cut!r}) must be an integer in 1..seq_len-1 ({cfg.seq_len - 1})")
+    check_cut(cut, cfg.seq_len)
 
 
 def not_applicable_in_release(case: Case, version: str) -> str | None:

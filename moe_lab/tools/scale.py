@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import MoEConfig
+from ..config import MoEConfig, check_cut
 
 GIB = 2**30
 H200_HBM_BYTES = 141 * 10**9
@@ -146,8 +146,7 @@ def rows_per_expert(cfg: MoEConfig, ep: int, *, scenario: str = "balanced", imba
     if scenario == "balanced":
         per_expert = min(tokens, math.ceil(tokens * cfg.topk / cfg.num_experts * imbalance))
         return [per_expert] * local
-    if not 0 < cut < cfg.seq_len:
-        raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({cfg.seq_len - 1})")
+    check_cut(cut, cfg.seq_len)
     kept = math.ceil(ep * cut * cfg.topk / cfg.num_experts)
     hot = min(cfg.topk, local)
     counts = [kept] * (local - hot) + [ep * (cfg.seq_len - cut) + kept] * hot

@@ -3,7 +3,7 @@ side `measured` and `compare_measured` (calculated vs measured, per rank)."""
 
 from __future__ import annotations
 
-from ..config import MoEConfig
+from ..config import MoEConfig, check_cut
 from .scale import forward_peak, param_bytes, persistent_bytes, plan, check_ep
 
 
@@ -155,8 +155,7 @@ def measured(cfgs: list[MoEConfig], *, device: str | None = None, engines: int |
     for cfg in cfgs:
         cfg.resolved_ep(ep)
         check_ep(cfg, ep)
-        if not 0 < cut < cfg.seq_len:
-            raise ValueError(f"cut ({cut}) must be in 1..seq_len-1 ({cfg.seq_len - 1})")
+        check_cut(cut, cfg.seq_len)
     out = []
     with Cluster(ccfg) as c:
         for cfg in cfgs:

@@ -16,7 +16,7 @@ def _cli(*args, timeout=600):
     (["--experts", "6", "--engines", "4"], "num_experts (6) must be divisible by ep (4)"),
     (["--topk", "9", "--experts", "8"], "topk (9) must be <= num_experts (8)"),
     (["--device", "cuda"], "device ('cuda') needs a GPU"),
-    (["--cut", "200", "--seq", "128"], "--cut (200) must be in 1..seq-1 (127)"),
+    (["--cut", "200", "--seq", "128"], "--cut (200) must be an integer in 1..seq_len-1 (127)"),
     (["--hidden", "0"], "hidden (0) must be a positive integer"),
     (["--megatron", "0.99.0"], "not installed"),
 ])

@@ -116,7 +116,7 @@ def test_bad_input_says_value_and_rule():
         scale.plan(TINY.replace(tp=2), 2)
     with pytest.raises(ValueError, match=r"imbalance \(0.5\) must be a number >= 1"):
         scale.rows_per_expert(TINY, 2, imbalance=0.5)
-    with pytest.raises(ValueError, match=r"cut \(10\) must be in 1..seq_len-1 \(9\)"):
+    with pytest.raises(ValueError, match=r"cut \(10\) must be an integer in 1..seq_len-1 \(9\)"):
         scale.rows_per_expert(TINY, 2, scenario="truncation", cut=10)
     with pytest.raises(ValueError, match="scenario"):
         scale.rows_per_expert(TINY, 2, scenario="worst")
