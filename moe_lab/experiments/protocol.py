@@ -212,6 +212,7 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
     own = cluster is None
     by_case: dict[int, list[dict]] = {}
     plan = []  # per group: its cluster config, release, env and case keys; the cases still to measure
+    n_reused = 0
     for (release, det_env, engine_env), group in _groups(cases):
         cfg_g = ccfg0.replace(env=tuple(sorted({**dict(ccfg0.env), **dict(engine_env)}.items())))
         if ccfg0.device == "cuda":
@@ -221,6 +222,7 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
         for c in group:
             if keys[id(c)] in done:
                 by_case[id(c)] = done[keys[id(c)]]
+                n_reused += 1
             elif id(c) in skipped:  # not applicable to its release: a record that says why, no engine call
                 rec = {"notebook": notebook, **env0, **c.fields(), "label": c.label, "case_key": keys[id(c)],
                        "skipped": skipped[id(c)]}
@@ -269,26 +271,41 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
     if own and cluster is not None:
         cluster.stop()
     out = [r for c in cases for r in by_case.get(id(c), [])]
+    n_measured = sum(len(p[4]) for p in plan)
+    n_skipped = len(cases) - n_measured - n_reused
     if results is not None and notebook:
-        note_run(results, notebook, [r["case_key"] for r in out if r.get("case_key")])
+        note_run(results, notebook, [r["case_key"] for r in out if r.get("case_key")], measured=n_measured,
+                 reused=n_reused)
+    if progress is not None:  # a notebook's run: the resume said where the reader sees it (#25 item 5)
+        print(resume_line(experiment.NAME, n_measured, n_reused, n_skipped))
     return out
+
+
+def resume_line(name: str, measured: int, reused: int, skipped: int = 0) -> str:
+    """What a run did with its cases: measured now, reused from results.json (the same key), not applicable."""
+    tail = f", {skipped} not applicable to their release" if skipped else ""
+    return (f"{name}: {measured} case(s) measured now, {reused} reused from results.json (same key: code, layer, "
+            f"environment){tail}")
 
 
 RUN_ID = os.environ.get("MOE_LAB_RUN_ID") or f"{os.getpid()}"
 
 
-def note_run(results: str | os.PathLike, notebook: str, keys: list[str]) -> None:
+def note_run(results: str | os.PathLike, notebook: str, keys: list[str], *, measured: int = 0, reused: int = 0) -> None:
     """Which records a notebook's latest run shows (`cases-NN.json` beside results.json): the report's index reads
     only those, never a stale record of an earlier run with other parameters or other code. Several runs of the
-    protocol inside one notebook run (one run id) add up."""
+    protocol inside one notebook run (one run id) add up, and so do their counts of cases `measured` now and
+    `reused` from results.json (the runner shows them: a resume is visible, #25)."""
     p = Path(results).with_name(f"cases-{notebook}.json")
     try:
         prev = json.loads(p.read_text()) if p.exists() else {}
     except (OSError, json.JSONDecodeError):
         prev = {}
-    old = prev.get("keys", []) if prev.get("run_id") == RUN_ID else []
+    same = prev.get("run_id") == RUN_ID
+    old = prev.get("keys", []) if same else []
+    counts = {k: (prev.get(k, 0) if same else 0) + v for k, v in (("measured", measured), ("reused", reused))}
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": RUN_ID, "keys": old + [k for k in keys if k not in old]}))
+    tmp.write_text(json.dumps({"run_id": RUN_ID, "keys": old + [k for k in keys if k not in old], **counts}))
     os.replace(tmp, p)
 
 
@@ -377,5 +394,5 @@ def progress_bar(items: Iterable, desc: str):
     return tqdm(items, desc=desc)
 
 
-__all__ = ["Case", "run", "measure", "latest", "note_run", "check_case", "check_all", "case_key", "key_fields", "environment",
-           "release_path", "release_version", "progress_bar", "INSTALLED"]
+__all__ = ["Case", "run", "measure", "latest", "note_run", "resume_line", "check_case", "check_all", "case_key",
+           "key_fields", "environment", "release_path", "release_version", "progress_bar", "INSTALLED"]

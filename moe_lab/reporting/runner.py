@@ -146,6 +146,19 @@ def _row(num: str, src: Path, status: str, error: str, seconds: float) -> dict:
             "title": "", "verdict": ""}
 
 
+def _cases_run(out_dir: Path, num: str) -> dict:
+    """{"measured": n, "reused": m} of notebook `num`'s run in this `moe-lab run` (protocol.note_run's counts in
+    cases-NN.json under this run's id), or {} when the notebook ran no case in this run."""
+    p = out_dir / f"cases-{num}.json"
+    try:
+        d = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    if not isinstance(d, dict) or d.get("run_id") != os.environ.get("MOE_LAB_RUN_ID"):
+        return {}
+    return {k: d[k] for k in ("measured", "reused") if isinstance(d.get(k), int)}
+
+
 def _finish_row(row: dict, dst: Path) -> dict:
     """Title, verdict, error and HTML of an executed (or partly executed) notebook into its index row."""
     import nbformat
@@ -186,7 +199,16 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
         if type(e).__name__ == "DeadKernelError":
             error = "DeadKernelError: the kernel died (killed, out of memory, or a crash in native code)"
         logger.error("notebook %s failed: %s", src.name, error)
-    return _finish_row(_row(num, src, status, error, time.perf_counter() - t0), dst)
+    row = _finish_row(_row(num, src, status, error, time.perf_counter() - t0), dst)
+    row.update(_cases_run(out_dir, num))
+    if "measured" in row:  # a resume is said in the terminal too, not only in the notebook (#25 item 5)
+        logger.info("%s: %d case(s) measured, %d reused from results.json", src.name, row["measured"], row["reused"])
+    return row
+
+
+def _counts(row: dict) -> str:
+    """', 60 measured, 12 reused' for an index row that has the counts (older index rows have none)."""
+    return f", {row['measured']} measured, {row['reused']} reused" if "measured" in row else ""
 
 
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
@@ -221,7 +243,7 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
         state = "ran" if ok else {"interrupted": "INTERRUPTED", "not run": "not run"}.get(r["status"], "FAILED")
         detail = html.escape(r["verdict"] or r["error"] or "")
         trs.append(f"<tr class='{'' if ok else 'run-failed'}'><td>{r['notebook']}</td><td>{html.escape(r['title'])}</td>"
-                   f"<td>{state} ({r['seconds']:.0f} s)</td><td>{summary._st(r['finding'])} "
+                   f"<td>{state} ({r['seconds']:.0f} s{_counts(r)})</td><td>{summary._st(r['finding'])} "
                    f"{html.escape(r['headline'])}<details><summary>verdict</summary><pre>{detail}</pre></details></td>"
                    f"<td>{links}</td></tr>")
     cards = _guarded(summary.cards, [], records)

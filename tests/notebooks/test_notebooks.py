@@ -190,6 +190,22 @@ def test_lab_serves_the_notebooks():
         proc.wait(timeout=30)
 
 
+def test_a_rerun_with_the_same_parameters_says_it_reused_every_case(cpu_report):
+    """#25 item 5: notebook 01 again into the same report with the cpu profile's own parameters: nothing is measured,
+    and the terminal, the notebook (and so its HTML) and the index all say 0 measured, 6 reused. The control is the
+    seq_len=96 rerun above: it measured its 6 cases."""
+    out = cpu_report["out"]
+    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", "cpu", "--only", "01", "--out",
+                        str(out)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "01_reproduce_ep_divergence.ipynb: 0 case(s) measured, 6 reused from results.json" in r.stderr
+    row = next(x for x in json.loads((out / "index.json").read_text())["notebooks"] if x["notebook"] == "01")
+    assert (row["measured"], row["reused"]) == (0, 6)
+    said = "reproduce: 0 case(s) measured now, 6 reused from results.json"
+    assert said in (out / "01_reproduce_ep_divergence.ipynb").read_text()
+    assert said in (out / row["shared_html"]).read_text() and "0 measured, 6 reused" in (out / "index.html").read_text()
+
+
 def test_02_finds_the_combine_not_the_gather(cpu_report):
     cases = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "case"]
     by = {(c["dispatcher"], c["variant"]): c for c in cases}

@@ -141,3 +141,25 @@ def test_not_applicable_cases_get_a_record_that_says_why(tmp_path, monkeypatch):
     assert [r.get("skipped") for r in recs] == [None, "not in this release", None] and len(c.calls) == 2
     in_file = json.loads((tmp_path / "r.json").read_text())
     assert [r["skipped"] for r in in_file if "skipped" in r] == ["not in this release"] and len(in_file) == 3
+
+
+def test_note_run_counts_add_up_within_a_run_and_restart_with_the_next(tmp_path, monkeypatch):
+    """cases-NN.json: the keys a notebook's run showed and how many cases it measured and reused (#25 item 5);
+    two protocol runs inside one notebook run add up, a new `moe-lab run` (another run id) starts again."""
+    import json
+
+    from moe_lab.experiments import protocol
+
+    res = tmp_path / "results.json"
+    monkeypatch.setattr(protocol, "RUN_ID", "run-a")
+    protocol.note_run(res, "03", ["k1", "k2"], measured=2, reused=0)
+    protocol.note_run(res, "03", ["k2", "k3"], measured=1, reused=1)
+    d = json.loads((tmp_path / "cases-03.json").read_text())
+    assert d == {"run_id": "run-a", "keys": ["k1", "k2", "k3"], "measured": 3, "reused": 1}
+    monkeypatch.setattr(protocol, "RUN_ID", "run-b")
+    protocol.note_run(res, "03", ["k1"], measured=0, reused=1)
+    assert json.loads((tmp_path / "cases-03.json").read_text()) == {"run_id": "run-b", "keys": ["k1"], "measured": 0,
+                                                                    "reused": 1}
+    assert protocol.resume_line("promotion", 0, 72, 4) == ("promotion: 0 case(s) measured now, 72 reused from "
+                                                           "results.json (same key: code, layer, environment), 4 not "
+                                                           "applicable to their release")
