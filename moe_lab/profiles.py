@@ -11,7 +11,7 @@ from .config import DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterC
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
-                           "releases", "repeats", "wheels", "probs_fp32_gather", "deterministic", "launcher",
+                           "releases", "wheels", "probs_fp32_gather", "deterministic", "launcher",
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
                            "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
                            "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
@@ -78,7 +78,7 @@ def check(params: dict, where: str = "parameters") -> None:
         vals = params.get(axis, [False, True])
         if not isinstance(vals, list) or not vals or not all(isinstance(v, bool) for v in vals):
             raise ValueError(f"{where}: {axis} ({vals!r}) must be a non-empty list of true/false")
-    for key in ("repeats", "trials", "cost_rounds", "gpus", "depth_layers", "depth_ffn_hidden"):
+    for key in ("trials", "cost_rounds", "gpus", "depth_layers", "depth_ffn_hidden"):
         v = params.get(key, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
             raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")

@@ -289,7 +289,7 @@ def load_report(p: str) -> tuple[Path, list[dict]]:
     path = Path(p)
     path = path / "results.json" if path.is_dir() else path
     if not path.is_file():
-        raise ValueError(f"{p}: no results.json there (give a report folder, e.g. reports/cpu-2026-12-01)")
+        raise ValueError(f"{p}: no results.json there (give a report folder, e.g. reports/cpu-2026-12-02)")
     try:
         records = results.load(path)
     except OSError as e:
@@ -306,7 +306,7 @@ def cmd_findings(a) -> int:
         print(f"README.md findings block {'rewritten' if changed else 'already matches the reports'}")
         return 0
     if not a.report:
-        raise ValueError("give a report folder (e.g. reports/cpu-2026-12-01), or --readme")
+        raise ValueError("give a report folder (e.g. reports/cpu-2026-12-02), or --readme")
     out = []
     for p in a.report:
         folder, records = load_report(p)

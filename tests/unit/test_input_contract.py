@@ -80,3 +80,13 @@ def test_version_says_the_commit(capsys):
         cli.main(["--version"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and out.startswith("moe-lab ") and " commit " in out and " source " in out
+
+
+def test_a_key_no_code_reads_is_unknown(tmp_path, capsys):
+    """#22: `repeats` was validated and read by nothing; it is no longer a parameter, so -p repeats=3 is refused like
+    any unknown key (the control: trials, which notebooks read, is taken)."""
+    rc = cli.main(["run", "--profile", "cpu", "--only", "01", "-p", "repeats=3", "--out", str(tmp_path / "r")])
+    assert rc == 2 and "unknown key(s) ['repeats']" in capsys.readouterr().err
+    from moe_lab import profiles
+
+    assert profiles.load("cpu", {"trials": 2})["trials"] == 2
