@@ -278,7 +278,14 @@ def cmd_wheelhouse(a) -> int:
 def cmd_compare(a) -> int:
     from ..reporting import compare
 
-    print(compare.summary(load_report(a.a)[1], load_report(a.b)[1], factor=a.factor))
+    ra, rb = load_report(a.a)[1], load_report(a.b)[1]
+    try:
+        text = compare.summary(ra, rb, factor=a.factor)
+    except (KeyError, TypeError, AttributeError) as e:  # records of another schema (#25: KeyError 'dispatcher')
+        what = f"the field {e}" if isinstance(e, KeyError) else f"a field of the expected type ({e})"
+        raise ValueError(f"{a.a} / {a.b}: a record lacks {what}, so the two reports cannot be compared (an older "
+                         "schema?); `moe-lab findings` reads either one alone") from None
+    print(text)
     return 0
 
 

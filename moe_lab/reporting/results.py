@@ -27,6 +27,9 @@ def load(path: str | os.PathLike) -> list[dict]:
     except UnicodeDecodeError as e:
         raise ResultsFileError(f"{p} is not UTF-8 text ({e}); move it aside or delete it, "
                                "it was not overwritten") from None
+    except OSError as e:  # a directory, unreadable, a broken mount: the path and why, never a traceback (#25)
+        raise ResultsFileError(f"{p} cannot be read ({e.strerror or type(e).__name__}); fix or move it, or give "
+                               "another --out") from None
     if not isinstance(data, list):
         raise ResultsFileError(f"{p} must hold a JSON list of records, found {type(data).__name__}; "
                                "it was not overwritten")

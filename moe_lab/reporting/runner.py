@@ -382,7 +382,11 @@ def _run_lock(out_dir: Path):
     import fcntl
 
     path = out_dir / ".moe_lab-run.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:  # a directory of that name, no permission: the path and why, one line (#25)
+        raise ValueError(f"{path}: the run lock cannot be opened ({e.strerror or type(e).__name__}); remove it if "
+                         "no moe-lab run is writing into this folder, or give another --out") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

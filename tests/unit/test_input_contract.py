@@ -90,3 +90,39 @@ def test_a_key_no_code_reads_is_unknown(tmp_path, capsys):
     from moe_lab import profiles
 
     assert profiles.load("cpu", {"trials": 2})["trials"] == 2
+
+
+def test_files_the_run_reads_fail_in_one_line_naming_the_path(tmp_path, capsys):
+    """#25 item 2: results.json that is a directory, a run lock that is a directory: one line with the path and the
+    reason, exit 2, no notebook started (the control: an empty folder is taken, see the notebook tests)."""
+    out = tmp_path / "r1"
+    (out / "results.json").mkdir(parents=True)
+    rc = cli.main(["run", "--profile", "cpu", "--only", "01", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "results.json cannot be read" in err and len(err.splitlines()) == 1, err
+    out2 = tmp_path / "r2"
+    (out2 / ".moe_lab-run.lock").mkdir(parents=True)
+    rc = cli.main(["run", "--profile", "cpu", "--only", "01", "--out", str(out2)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and ".moe_lab-run.lock: the run lock cannot be opened" in err and len(err.splitlines()) == 1, err
+    assert not list(out.glob("*.ipynb")) and not list(out2.glob("*.ipynb"))
+
+
+def test_compare_on_records_of_another_schema_is_one_line(tmp_path, capsys):
+    """#25 item 2: `compare` on records that lack the fields it reads (an older schema): one line naming both inputs,
+    exit 2 — not KeyError 'dispatcher'. The control: the same command on well-formed records prints the comparison."""
+    import json
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps([{"notebook": "01", "router_dtype": "none"}]))
+    rc = cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "a record lacks the field 'dispatcher'" in err and len(err.splitlines()) == 1, err
+    good = {"notebook": "01", "dispatcher": "allgather", "router_dtype": "none", "world": 4,
+            "cross_rank": {"mismatch_frac": 0.3, "bitwise_equal": False, "n_differ": 3, "trials": 3},
+            "rerun": {"mismatch_frac": 0.0, "bitwise_equal": True, "n_differ": 0, "trials": 3}}
+    for name in ("a", "b"):
+        (tmp_path / name / "results.json").write_text(json.dumps([good]))
+    assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert "verdicts agree in 1 of 1" in capsys.readouterr().out
