@@ -265,8 +265,10 @@ def cmd_versions(a) -> int:
 
 
 def cmd_wheelhouse(a) -> int:
+    from ..fsio import writable_dir
     from ..tools import wheelhouse
 
+    writable_dir(a.out, "-o")  # a path under a file or in /proc: one line before anything is downloaded (#25)
     mvs = tuple(v for v in a.megatron.split(",") if v)
     wheels = wheelhouse.build(a.out, python=a.python, platform=a.platform, megatron_versions=mvs,
                               jupyterlab=a.jupyterlab)

@@ -365,14 +365,9 @@ def default_name(profile: str, ccfg) -> str:
 
 def _writable(out_dir: Path) -> None:
     """Create the report directory or say, in one line, why it cannot be (before anything starts)."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".moe_lab-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--out ({out_dir}) is not a writable directory: {e.strerror or e}; choose another --out") \
-            from None
+    from ..fsio import writable_dir
+
+    writable_dir(out_dir, "--out")
 
 
 @contextlib.contextmanager

@@ -126,3 +126,16 @@ def test_compare_on_records_of_another_schema_is_one_line(tmp_path, capsys):
         (tmp_path / name / "results.json").write_text(json.dumps([good]))
     assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     assert "verdicts agree in 1 of 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("under", ["proc", "file"])
+def test_an_unusable_wheelhouse_folder_is_one_line(under, tmp_path, capsys):
+    """#25 item 2: `wheelhouse -o` under /proc or under a file: one line, exit 2, before any download."""
+    if under == "file":
+        (tmp_path / "f").write_text("")
+        target = str(tmp_path / "f" / "wheels")
+    else:
+        target = "/proc/moe-lab-wheels"
+    rc = cli.main(["wheelhouse", "-o", target])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and f"-o ({target}) is not a writable directory" in err and len(err.splitlines()) == 1, err
