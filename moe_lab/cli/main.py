@@ -3,6 +3,8 @@
 - bad input (a value, a file, a profile, an unwritable --out): one line on stderr, exit 2, before any engine starts;
 - a cluster fault (an engine died, a collective failed or hung, a call timed out): one line naming the rank, engine,
   pid, what it was doing and the signal or exit code, exit 3 — the traceback only with --debug, and in the log file;
+- pip or a release failing (`versions install` with no index reachable, a release that does not import): one line,
+  exit 3, the traceback in the log file;
 - Ctrl-C (or SIGTERM): one line with the number of processes stopped, exit 130.
 """
 
@@ -374,6 +376,7 @@ def _print_traceback(exc: BaseException) -> None:
 def main(argv=None) -> int:
     from ..controller.diagnosis import ClusterError
     from ..reporting.results import ResultsFileError
+    from ..tools.errors import InstallError
 
     ap = build_parser()
     a = ap.parse_args(argv)
@@ -391,6 +394,12 @@ def main(argv=None) -> int:
             _print_traceback(e)
         print(f"moe-lab {a.cmd}: error: {e}", file=sys.stderr)
         return EXIT_INPUT
+    except InstallError as e:  # pip or a release failed (no index, a timeout): one line, exit 3, traceback logged
+        where = _write_traceback(a, e)
+        if a.debug:
+            _print_traceback(e)
+        print(f"moe-lab {a.cmd}: failed: {e}" + (f" (traceback: {where})" if where else ""), file=sys.stderr)
+        return EXIT_FAULT
     except ClusterError as e:  # a cluster fault: one line naming the rank and what happened; the traceback is logged
         where = _write_traceback(a, e)
         if a.debug:

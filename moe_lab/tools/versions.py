@@ -35,6 +35,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from ..engine import compat
+from .errors import InstallError
 
 logger = logging.getLogger(__name__)
 
@@ -202,11 +203,11 @@ def run_pip(args: list[str], *, what: str, timeout_s: float, check: bool = True)
         try:
             r = subprocess.run(cmd, env=pip_env(shim), capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as e:
-            raise RuntimeError(f"{what}: pip timed out after {timeout_s:g} s") from e
+            raise InstallError(f"{what}: pip timed out after {timeout_s:g} s") from e
     if r.returncode != 0 and check:
         out = (r.stdout or "") + (r.stderr or "")
-        logger.error("%s: pip exited %d:\n%s", what, r.returncode, "\n".join(out.splitlines()[-40:]))
-        raise RuntimeError(f"{what}: pip exited {r.returncode}: {pip_error_line(out)}")
+        logger.debug("%s: pip exited %d:\n%s", what, r.returncode, "\n".join(out.splitlines()[-40:]))  # -v shows it
+        raise InstallError(f"{what}: pip exited {r.returncode}: {pip_error_line(out)}")
     return r
 
 
@@ -249,18 +250,18 @@ def verify(path: str | os.PathLike, version: str, *, timeout_s: float = VERIFY_T
         r = subprocess.run([sys.executable, "-c", _VERIFY_CODE, str(path)], capture_output=True, text=True,
                            timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"importing megatron.core from {path} took over {timeout_s:g} s") from e
+        raise InstallError(f"importing megatron.core from {path} took over {timeout_s:g} s") from e
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(_VERIFY_TAG)]
     if r.returncode != 0 or not lines:
         logger.error("import megatron.core from %s failed:\n%s", path, "\n".join(r.stderr.splitlines()[-30:]))
         last = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"megatron-core {version} in {path} does not import: {last}")
+        raise InstallError(f"megatron-core {version} in {path} does not import: {last}")
     got = json.loads(lines[-1][len(_VERIFY_TAG):])
     if not Path(got["file"]).resolve().is_relative_to(path.resolve()):
-        raise RuntimeError(f"megatron.core imported from {got['file']}, not from {path}: a regular `megatron` package "
+        raise InstallError(f"megatron.core imported from {got['file']}, not from {path}: a regular `megatron` package "
                            "earlier on sys.path shadows it")
     if Version(got["version"]) != Version(version):
-        raise RuntimeError(f"{path} holds megatron-core {got['version']}, not the requested {version}")
+        raise InstallError(f"{path} holds megatron-core {got['version']}, not the requested {version}")
     return got
 
 

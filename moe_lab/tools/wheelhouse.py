@@ -239,7 +239,7 @@ def _download_deps(reqs: list[str], dest: Path, work: Path, *, target: list[str]
             logger.info("round %d: %s also needs %s, which pip skipped (it reads markers for this Python)", round_,
                         what, ", ".join(ask))
     if ask:
-        raise RuntimeError(f"the deps for {what} do not close after {_ROUNDS} rounds; still missing: {', '.join(ask)}")
+        raise versions.InstallError(f"the deps for {what} do not close after {_ROUNDS} rounds; still missing: {', '.join(ask)}")
     for name in sorted(set(wheels) - reached):
         logger.info("left out %s: only this machine's Python needs it, not %s", wheels[name].name, what)
         wheels[name].unlink()
@@ -254,7 +254,7 @@ def _download_megatron(version: str, dest: Path, *, target: list[str], what: str
         return True
     output = r.stdout + r.stderr
     if "No matching distribution" not in output and "Could not find a version" not in output:
-        raise RuntimeError(f"pip download {spec} for {what}: {versions.pip_error_line(output)}")
+        raise versions.InstallError(f"pip download {spec} for {what}: {versions.pip_error_line(output)}")
     logger.warning("megatron-core %s has no %s wheel: taking its sdist, the node builds it (needs a C++ compiler)",
                    version, what)
     no_binary = ["--no-binary", versions.PACKAGE, *target[1:]]  # --no-deps allows the target flags without wheels

@@ -139,3 +139,23 @@ def test_an_unusable_wheelhouse_folder_is_one_line(under, tmp_path, capsys):
     rc = cli.main(["wheelhouse", "-o", target])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and f"-o ({target}) is not a writable directory" in err and len(err.splitlines()) == 1, err
+
+
+def test_versions_install_without_an_index_is_one_failure_line_and_exit_3(tmp_path):
+    """#25 item 2: `versions install` with no package index reachable: exit 3 (a failure, not bad input), the last
+    line names the release and pip's reason, no traceback on stderr, the traceback in --log, no partial folder left."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MOE_LAB_CACHE": str(tmp_path / "cache"), "PIP_CONFIG_FILE": os.devnull,
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2",
+           "PIP_NO_CACHE_DIR": "1", "PIP_FIND_LINKS": ""}
+    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "--log", str(tmp_path / "err.log"), "versions", "install",
+                        "0.13.0"], capture_output=True, text=True, timeout=240, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 3, r.stderr
+    assert lines[-1].startswith("moe-lab versions: failed: pip install megatron-core==0.13.0: pip exited")
+    assert "Traceback" not in r.stderr and "Traceback" in (tmp_path / "err.log").read_text()
+    left = [p for p in (tmp_path / "cache").rglob("*") if p.name.startswith(".partial")]
+    assert not left, left
