@@ -198,6 +198,8 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if type(e).__name__ == "DeadKernelError":
             error = "DeadKernelError: the kernel died (killed, out of memory, or a crash in native code)"
+        if getattr(e, "ename", None) == "ClusterError":  # the notebook's cluster failed: said as under probe (#25)
+            status, error = "cluster fault", f"cluster fault: {getattr(e, 'evalue', '')}"
         logger.error("notebook %s failed: %s", src.name, error)
     row = _finish_row(_row(num, src, status, error, time.perf_counter() - t0), dst)
     row.update(_cases_run(out_dir, num))
@@ -240,7 +242,8 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
         ok = r["status"] == "ok"
         links = " · ".join(f'<a href="{html.escape(r[k])}">{label}</a>' for k, label in
                            (("shared_html", "report"), ("html", "with code")) if r.get(k))
-        state = "ran" if ok else {"interrupted": "INTERRUPTED", "not run": "not run"}.get(r["status"], "FAILED")
+        state = "ran" if ok else {"interrupted": "INTERRUPTED", "not run": "not run",
+                                  "cluster fault": "CLUSTER FAULT"}.get(r["status"], "FAILED")
         detail = html.escape(r["verdict"] or r["error"] or "")
         trs.append(f"<tr class='{'' if ok else 'run-failed'}'><td>{r['notebook']}</td><td>{html.escape(r['title'])}</td>"
                    f"<td>{state} ({r['seconds']:.0f} s{_counts(r)})</td><td>{summary._st(r['finding'])} "
@@ -322,6 +325,10 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
             raise
     failed = [r["file"] for r in rows if r["status"] != "ok"]
     logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
+    faults = [r for r in rows if r["status"] == "cluster fault"]
+    if faults:  # exit 3 with the fault's own line, as `probe` prints it (the notebook's HTML has the rest)
+        print(f"moe-lab run: {faults[0]['file']}: {faults[0]['error']}", file=sys.stderr)
+        return 3
     return 1 if failed else 0
 
 

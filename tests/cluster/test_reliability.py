@@ -498,3 +498,37 @@ def test_an_engine_still_exiting_when_the_hub_drops_it_is_reported_with_its_sign
     assert e.kind == "died" and e.ranks == [rank], str(e)
     assert f"rank {rank} (engine {engine}, pid {pid}) died during kill_on (killed by SIGKILL)" in str(e)
     assert dt < BLAME_BOUND_S
+
+
+@pytest.mark.notebook
+def test_a_cluster_fault_under_run_is_exit_3_with_the_probe_line(tmp_path):
+    """#25 item 3: a notebook whose cluster loses an engine (rank 1 SIGKILLed) makes `moe-lab run` exit 3 with the
+    same line `probe` prints — rank, engine, pid, what it was doing, the signal — and the index says CLUSTER FAULT;
+    the next notebook still runs. The control: a notebook that fails with another error keeps exit 1."""
+    nbs = _notebooks(tmp_path / "nbs", {
+        "01": """
+            from moe_lab.engine import faults
+            from moe_lab.controller.cluster import Cluster
+            from moe_lab.config import ClusterConfig
+            with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=30)) as c:
+                c.run(faults.kill_on, 1, timeout=60)
+        """,
+        "02": "print('second ran')",
+    })
+    out = tmp_path / "out"
+    code = ("import sys; from pathlib import Path; from moe_lab import cli; from moe_lab.reporting import runner as report; "
+            "report.run_all.__kwdefaults__['nb_dir'] = Path(sys.argv[1]); "
+            "sys.exit(cli.main(['run', '--profile', 'cpu', '--out', sys.argv[2]]))")
+    r = subprocess.run([sys.executable, "-c", code, str(nbs), str(out)], capture_output=True, text=True, timeout=600)
+    last = r.stderr.strip().splitlines()[-1]
+    print("FAULT run, SIGKILLed rank:", last)
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert re.search(r"^moe-lab run: 01_t\.ipynb: cluster fault: rank 1 \(engine \d+, pid \d+\) died during kill_on "
+                     r"\(killed by SIGKILL\)", last), last
+    rows = {x["notebook"]: x for x in json.loads((out / "index.json").read_text())["notebooks"]}
+    assert rows["01"]["status"] == "cluster fault" and rows["02"]["status"] == "ok"
+    assert "CLUSTER FAULT" in (out / "index.html").read_text()
+    nbs2 = _notebooks(tmp_path / "nbs2", {"01": "raise RuntimeError('not a cluster fault')"})
+    r2 = subprocess.run([sys.executable, "-c", code, str(nbs2), str(tmp_path / "out2")], capture_output=True,
+                        text=True, timeout=300)
+    assert r2.returncode == 1, r2.stderr[-2000:]
