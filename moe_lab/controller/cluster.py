@@ -492,11 +492,17 @@ class Cluster:
                 out.append(f"pid {proc.pid}: {self._exit_status(proc.pid) or processes.pid_gone(proc.pid)}")
         for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():  # reaped by ipyparallel
             if isinstance(data, dict) and data.get("pid") and not any(f"pid {data['pid']}:" in o for o in out):
-                out.append(f"pid {data['pid']}: {processes.describe_exit(data.get('exit_code'))}")
+                out.append(f"pid {data['pid']}: {self._exit_status(data['pid']) or 'process gone'}")
         return out
 
     def _exit_status(self, pid: int) -> str:
-        """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it)."""
+        """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it). Once
+        ipyparallel has noticed the exit (promptly where its event loop runs, e.g. in a notebook's kernel) the engine's
+        launcher is gone and its code is in the engine set's stop_data: read there first."""
+        for es in (self._ipp.engines.values() if self._ipp is not None else ()):
+            for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():
+                if isinstance(data, dict) and data.get("pid") == pid and data.get("exit_code") is not None:
+                    return processes.describe_exit(data["exit_code"])
         for es in (self._ipp.engines.values() if self._ipp is not None else ()):
             for launcher in list(getattr(es, "launchers", {}).values()):
                 proc = getattr(launcher, "process", None)
