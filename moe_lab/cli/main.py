@@ -379,7 +379,7 @@ def main(argv=None) -> int:
     from ..tools.errors import InstallError
 
     ap = build_parser()
-    a = ap.parse_args(argv)
+    a = ap.parse_args(argv)  # a bad flag: one line, SystemExit(2) (argparse's exit, like -h and --version)
     debug = a.debug or a.verbose
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)

@@ -52,5 +52,6 @@ def test_bad_input_is_refused_before_anything_starts(capsys):
         bench.run(repeats=0)
     from moe_lab import cli
 
-    assert cli.main(["bench", "--repeats", "0"]) == 2
-    assert "moe-lab bench: error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # refused by the flag's own type now (cli.argtypes), before bench.run
+        cli.main(["bench", "--repeats", "0"])
+    assert e.value.code == 2 and "moe-lab bench: error: argument --repeats: 0 must be >= 1" in capsys.readouterr().err

@@ -17,7 +17,7 @@ def _cli(*args, timeout=600):
     (["--topk", "9", "--experts", "8"], "topk (9) must be <= num_experts (8)"),
     (["--device", "cuda"], "device ('cuda') needs a GPU"),
     (["--cut", "200", "--seq", "128"], "--cut (200) must be an integer in 1..seq_len-1 (127)"),
-    (["--hidden", "0"], "hidden (0) must be a positive integer"),
+    (["--hidden", "0"], "argument --hidden: 0 must be >= 1"),
     (["--megatron", "0.99.0"], "not installed"),
 ])
 def test_bad_input_is_one_line_before_engines(args, message):

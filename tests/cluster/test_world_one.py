@@ -57,4 +57,4 @@ def test_cli_probe_with_one_engine_and_zero_engines():
     r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "probe", "--engines", "0"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "moe-lab probe: error: engines (0) must be a positive integer"]
+        "moe-lab probe: error: argument --engines: 0 must be >= 1 (see moe-lab probe -h)"]
