@@ -90,7 +90,7 @@ def check(params: dict, where: str = "parameters") -> None:
     for key in ("timeout_s", "start_timeout_s"):
         t = params.get(key, 120)
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 < t <= MAX_SECONDS:  # NaN fails too
-            raise ValueError(f"{where}: {key} ({t!r}) must be a finite number of seconds in (0, {MAX_SECONDS:.0f}]")
+            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds (finite, <= {MAX_SECONDS:.0f})")
     for key in ("engines", "one_gpu_engines"):
         e = params.get(key, 0)
         if not isinstance(e, int) or isinstance(e, bool) or e < 0:
