@@ -14,7 +14,7 @@ def test_grid_is_the_full_product():
     assert len({(c.dispatcher, c.router_dtype, c.probs_fp32_gather, c.deterministic) for c in cells}) == len(cells)
 
 
-@pytest.mark.parametrize("bad, msg", [({"releases": ["latest"]}, "releases entry"), ({"repeats": 0}, "repeats"),
+@pytest.mark.parametrize("bad, msg", [({"releases": ["latest"]}, "releases entry"), ({"trials": 0}, "trials"),
                                       ({"deterministic": ["yes"]}, "deterministic")])
 def test_bad_sweep_parameters(bad, msg):
     with pytest.raises(ValueError, match=msg):
@@ -24,7 +24,7 @@ def test_bad_sweep_parameters(bad, msg):
 @pytest.mark.cluster
 def test_an_interrupted_sweep_resumes_without_remeasuring(tmp_path, monkeypatch):
     P = profiles.load("cpu", {"dispatchers": ["allgather"], "router_dtypes": ["none", "fp32"], "releases": ["installed"],
-                              "repeats": 1, "trials": 1, "cost_rounds": 2, "probs_fp32_gather": [False],
+                              "trials": 1, "cost_rounds": 2, "probs_fp32_gather": [False],
                               "deterministic": [False]})
     path = tmp_path / "results.json"
     calls = []
