@@ -14,6 +14,13 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (it
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest timeout the lab takes (a week; flags and profiles alike): larger values overflow the timers of zmq and
 threading (#25: `--timeout 1e20` once became a cluster fault of rank 0)."""
+
+
+def seconds_ok(v) -> bool:
+    """The timeout rule, stated once: a real number of seconds, finite, in (0, MAX_SECONDS] (NaN and bools fail)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_SECONDS
+
+
 def check_cut(cut, seq_len: int, name: str = "cut") -> int:
     """The truncation rule, stated once (#22): the first `cut` tokens are kept and the rest zeroed, so cut is a whole
     number in 1..seq_len-1. Returns cut; raises ValueError naming `name` (the flag or key the user wrote)."""

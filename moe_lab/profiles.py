@@ -6,7 +6,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .config import DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig, check_cut
+from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig, check_cut,
+                     seconds_ok)
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
@@ -89,8 +90,9 @@ def check(params: dict, where: str = "parameters") -> None:
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
     for key in ("timeout_s", "start_timeout_s"):
         t = params.get(key, 120)
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 < t <= MAX_SECONDS:  # NaN fails too
-            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds (finite, <= {MAX_SECONDS:.0f})")
+        if not seconds_ok(t):
+            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds "
+                             f"(finite, <= {MAX_SECONDS:.0f})")
     for key in ("engines", "one_gpu_engines"):
         e = params.get(key, 0)
         if not isinstance(e, int) or isinstance(e, bool) or e < 0:

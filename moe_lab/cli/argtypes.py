@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import MAX_SECONDS
+from ..config import MAX_SECONDS, seconds_ok
 
 
 def count(lo: int = 1):
@@ -23,14 +23,12 @@ def count(lo: int = 1):
 
 
 def seconds(s: str) -> float:
-    """A timeout flag: a finite number of seconds in (0, MAX_SECONDS]."""
-    import math
-
+    """A timeout flag: a finite number of seconds in (0, MAX_SECONDS] (config.seconds_ok)."""
     try:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
-    if not math.isfinite(v) or not 0 < v <= MAX_SECONDS:
+    if not seconds_ok(v):
         raise argparse.ArgumentTypeError(f"{s!r}: seconds must be finite, > 0 and <= {MAX_SECONDS:.0f} (a week)")
     return v
 

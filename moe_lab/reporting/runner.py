@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .. import profiles
+from ..fsio import writable_dir
 from . import results
 
 logger = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     chosen = select(only, nb_dir)
     # absolute: the kernels run with cwd=notebooks/, so a relative --out would put results.json elsewhere
     out_dir = Path(out).resolve() if out else REPORTS / default_name(profile, ccfg)
-    _writable(out_dir)
+    writable_dir(out_dir, "--out")  # create it, or one line saying why not, before anything starts
     results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured (#16)
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
@@ -368,13 +369,6 @@ def default_name(profile: str, ccfg) -> str:
 
     gpu = re.sub(r"[^a-z0-9]+", "", (gpu_name() or "gpu").lower().replace("nvidia", "")) or "gpu"
     return f"{name}-{gpu}x{ccfg.engines // ccfg.ranks_per_gpu}-{date}"
-
-
-def _writable(out_dir: Path) -> None:
-    """Create the report directory or say, in one line, why it cannot be (before anything starts)."""
-    from ..fsio import writable_dir
-
-    writable_dir(out_dir, "--out")
 
 
 @contextlib.contextmanager
