@@ -29,6 +29,9 @@ def check_cut(cut, seq_len: int, name: str = "cut") -> int:
     return cut
 
 
+SCORE_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")  # moe_router_score_function (sqrtsoftplus: 0.18+)
+DROP_POLICIES = ("probs", "position")  # moe_token_drop_policy: which tokens an over-capacity expert drops
+
 MEGATRON_OPTIONS = ("moe_enable_routing_replay", "moe_permute_fusion", "moe_router_fusion")
 """TransformerConfig booleans the lab can turn on (the layer is built with them: they are part of its identity)."""
 
@@ -76,11 +79,40 @@ class MoEConfig:
     options: tuple[str, ...] = ()
     """megatron-core TransformerConfig switches turned on for the layer, from MEGATRON_OPTIONS (checked against the
     release; e.g. 'moe_enable_routing_replay', 'moe_permute_fusion')."""
+    # Router and expert features of production MoE models (#23). The defaults are the seed report's layer; a field
+    # left at its default is not passed to megatron, so the seed layer is built exactly as before.
+    score_function: str = "softmax"
+    """`moe_router_score_function`: 'softmax' (Mixtral, Qwen3), 'sigmoid' (DeepSeek-V3, Moonlight), 'sqrtsoftplus'
+    (megatron-core 0.18+)."""
+    pre_softmax: bool = False
+    """`moe_router_pre_softmax`: softmax over all experts before the top-k (needed for top-1 softmax routing)."""
+    expert_bias: bool = False
+    """`moe_router_enable_expert_bias`: the aux-loss-free per-expert bias added to the scores for the top-k choice
+    only (sigmoid routing). The lab seeds it (std `EXPERT_BIAS_STD`) so that it changes which experts win."""
+    num_groups: int = 0
+    """`moe_router_num_groups`: group-limited routing's expert groups (0 = off; DeepSeek-V3: 8)."""
+    group_topk: int = 0
+    """`moe_router_group_topk`: groups each token may use (0 = off; DeepSeek-V3: 4)."""
+    topk_scaling_factor: float = 0.0
+    """`moe_router_topk_scaling_factor`: the routing weights are multiplied by it (0 = not set; DeepSeek-V3: 2.5)."""
+    shared_ffn: int = 0
+    """`moe_shared_expert_intermediate_size`: hidden size of the shared expert(s) run on every token (0 = none)."""
+    gated: bool = False
+    """`gated_linear_unit` with SiLU (SwiGLU experts, as every preset model has); False: the seed layer's GELU MLP."""
+    capacity_factor: float = 0.0
+    """`moe_expert_capacity_factor`: each expert takes at most factor x its even share of tokens, dropping the rest
+    (0 = no dropping)."""
+    drop_policy: str = "probs"
+    """`moe_token_drop_policy`: over capacity, drop the lowest-probability tokens ('probs') or the last ('position')."""
+    pad_to_capacity: bool = False
+    """`moe_pad_expert_input_to_capacity`: pad every expert's input to its capacity (needs capacity_factor)."""
+    model: str = ""
+    """The preset this layer was made from (`moe_lab.models`), e.g. 'qwen3-30b-a3b x0.125'; '' for hand-set sizes."""
 
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
             _positive(name, getattr(self, name))
-        for name in ("probs_fp32_gather", "deterministic"):
+        for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be True or False")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -94,12 +126,59 @@ class MoEConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("dispatcher", self.dispatcher, DISPATCHERS)
         _choice("router_dtype", self.router_dtype, ROUTER_DTYPES)
+        self._check_router_features()
         if self.topk > self.num_experts:
             raise ValueError(f"topk ({self.topk}) must be <= num_experts ({self.num_experts})")
         if self.ep and self.num_experts % self.ep:
             raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
         if self.hidden % self.tp or self.ffn_hidden % self.tp:
             raise ValueError(f"hidden ({self.hidden}) and ffn_hidden ({self.ffn_hidden}) must be divisible by tp ({self.tp})")
+
+    def _check_router_features(self) -> None:
+        """megatron-core's own rules for the router features (TransformerConfig.__post_init__), checked here so that
+        a bad combination is one line before any engine starts."""
+        _choice("score_function", self.score_function, SCORE_FUNCTIONS)
+        _choice("drop_policy", self.drop_policy, DROP_POLICIES)
+        for name in ("num_groups", "group_topk", "shared_ffn"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} ({v!r}) must be 0 (off) or a positive integer")
+        for name in ("topk_scaling_factor", "capacity_factor"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+                raise ValueError(f"{name} ({v!r}) must be 0 (not set) or a positive finite number")
+        if not isinstance(self.model, str):
+            raise ValueError(f"model ({self.model!r}) must be a preset label (str)")
+        if self.expert_bias and self.score_function != "sigmoid":
+            raise ValueError(f"expert_bias needs score_function 'sigmoid' (megatron-core's rule); it is "
+                             f"{self.score_function!r}")
+        if bool(self.num_groups) != bool(self.group_topk):
+            raise ValueError(f"num_groups ({self.num_groups}) and group_topk ({self.group_topk}) are set together "
+                             "(group-limited routing) or both left 0")
+        if self.num_groups:
+            if self.num_experts % self.num_groups:
+                raise ValueError(f"num_experts ({self.num_experts}) must be divisible by num_groups ({self.num_groups})")
+            if self.group_topk > self.num_groups:
+                raise ValueError(f"group_topk ({self.group_topk}) must be <= num_groups ({self.num_groups})")
+            if self.topk % self.group_topk or self.topk // self.group_topk > self.num_experts // self.num_groups:
+                raise ValueError(f"topk ({self.topk}) must be a multiple of group_topk ({self.group_topk}) with at "
+                                 f"most num_experts / num_groups ({self.num_experts // self.num_groups}) per group")
+        if self.pad_to_capacity and not self.capacity_factor:
+            raise ValueError("pad_to_capacity needs capacity_factor > 0 (megatron-core's rule)")
+        if self.topk == 1 and self.score_function == "softmax" and not self.pre_softmax:
+            raise ValueError("topk 1 with softmax routing needs pre_softmax=True (megatron-core's rule: a softmax over "
+                             "one score has a zero gradient)")
+
+    def features(self) -> dict:
+        """The router/expert features set away from the seed layer's defaults (field → value), in field order."""
+        base = MoEConfig()
+        return {k: getattr(self, k) for k in ROUTER_FEATURES if getattr(self, k) != getattr(base, k)}
+
+    def label(self) -> str:
+        """The layer in words (findings, cards): sizes, then the preset and every feature that is set."""
+        s = (f"hidden {self.hidden}, {self.num_experts} experts, top-{self.topk}, ffn {self.ffn_hidden}, "
+             f"{self.seq_len} tokens, {self.dtype}")
+        return describe_features(s, self.model, self.features())
 
     @classmethod
     def seed_report(cls, **overrides) -> "MoEConfig":
@@ -124,6 +203,21 @@ class MoEConfig:
 
     def asdict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+ROUTER_FEATURES = ("score_function", "pre_softmax", "expert_bias", "num_groups", "group_topk", "topk_scaling_factor",
+                   "shared_ffn", "gated", "capacity_factor", "drop_policy", "pad_to_capacity")
+"""MoEConfig fields that map to megatron-core router/expert features (compat.FEATURE_FIELDS names each one)."""
+
+
+def describe_features(sizes: str, model: str, features: dict) -> str:
+    """`sizes` + the preset's name + the features set, e.g. '... bf16; preset qwen3-30b-a3b x0.125; gated'. A layer
+    with neither is `sizes` alone (the seed layer's label is unchanged)."""
+    words = []
+    for k, v in features.items():
+        words.append(k.replace("_", " ") if v is True else f"{k.replace('_', ' ')} {v}")
+    extra = ([f"preset {model}"] if model else []) + words
+    return sizes + ("; " + ", ".join(extra) if extra else "")
 
 
 @dataclass(frozen=True, kw_only=True)

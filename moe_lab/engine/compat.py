@@ -109,6 +109,18 @@ OPTIONS_SINCE = {"moe_permute_fusion": (0, 11, 0), "moe_router_fusion": (0, 14, 
 """First release with each TransformerConfig option the lab turns on (release notes)."""
 
 
+FEATURE_FIELDS = {"score_function": "moe_router_score_function", "pre_softmax": "moe_router_pre_softmax",
+                  "expert_bias": "moe_router_enable_expert_bias", "num_groups": "moe_router_num_groups",
+                  "group_topk": "moe_router_group_topk", "topk_scaling_factor": "moe_router_topk_scaling_factor",
+                  "shared_ffn": "moe_shared_expert_intermediate_size", "gated": "gated_linear_unit",
+                  "capacity_factor": "moe_expert_capacity_factor", "drop_policy": "moe_token_drop_policy",
+                  "pad_to_capacity": "moe_pad_expert_input_to_capacity"}
+"""MoEConfig's router/expert features → the TransformerConfig field each one sets (config.ROUTER_FEATURES). Every
+one of these fields is in every release the lab builds (read in the tags core_v0.11.0 … core_v0.19.0)."""
+FEATURE_VALUE_SINCE = {("score_function", "sqrtsoftplus"): (0, 18, 0)}
+"""Values of a feature that a later release added (the score function 'sqrtsoftplus' ships in core_v0.18.0)."""
+
+
 def check_config(cfg, version: str) -> None:
     """Everything about a MoEConfig that depends on the megatron-core release: the one place that checks a config
     against a release (controller side, before an engine runs it; ValueError naming the field)."""
@@ -116,6 +128,10 @@ def check_config(cfg, version: str) -> None:
     for opt in getattr(cfg, "options", ()):
         if parse_version(version) < OPTIONS_SINCE[opt]:
             raise ValueError(f"options ({opt!r}) needs megatron-core >= {'.'.join(map(str, OPTIONS_SINCE[opt]))}; "
+                             f"this is {version}")
+    for (field, value), since in FEATURE_VALUE_SINCE.items():
+        if getattr(cfg, field, None) == value and parse_version(version) < since:
+            raise ValueError(f"{field} ({value!r}) needs megatron-core >= {'.'.join(map(str, since))}; "
                              f"this is {version}")
 
 
@@ -276,7 +292,15 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
         kwargs["moe_router_dtype"] = cfg.router_dtype
     for opt in getattr(cfg, "options", ()):
         kwargs[opt] = True
+    features = cfg.features() if hasattr(cfg, "features") else {}
+    for name, value in features.items():  # only what is set: the seed layer's config is built as before
+        kwargs[FEATURE_FIELDS[name]] = value
+    if features.get("gated"):
+        kwargs["activation_func"] = torch.nn.functional.silu  # SwiGLU, as every preset model's experts
     known = TransformerConfig.__dataclass_fields__
+    missing = [FEATURE_FIELDS[n] for n in features if FEATURE_FIELDS[n] not in known]
+    if missing:  # a feature the user asked for is never dropped quietly
+        raise ValueError(f"megatron-core {version} has no {missing}: this layer cannot be built on it")
     dropped = [k for k in kwargs if k not in known]
     for k in dropped:
         kwargs.pop(k)

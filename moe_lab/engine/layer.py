@@ -10,7 +10,7 @@ import zlib
 
 import torch
 
-from ..config import MoEConfig
+from ..config import ROUTER_FEATURES, MoEConfig
 from . import compat
 from .dist import STATE, init_parallel_state
 
@@ -19,9 +19,13 @@ logger = logging.getLogger(__name__)
 INIT_STD = 0.02  # megatron's default init_method_std
 # Fields that change the built layer (the rest — seq_len, deterministic, probs_fp32_gather — only how it is run).
 _LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed",
-               "options")
+               "options") + ROUTER_FEATURES
 MAX_LAYERS = 2  # layers kept per engine: a case's and the plain one its cost is paired with
 _EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+_SHARED_PARAM = re.compile(r"shared_experts\.(linear_fc1|linear_fc2)\.weight$")
+EXPERT_BIAS_STD = 0.01
+"""The seeded aux-loss-free expert bias (megatron starts it at zero and learns it; a zero bias would not change which
+experts win, so the lab draws it: it is a function of (seed, global expert) like every weight)."""
 
 
 def _generator(device: torch.device, seed: int, *key) -> torch.Generator:
@@ -51,24 +55,39 @@ def init_weights(layer, cfg: MoEConfig, *, ep_rank: int, tp_rank: int, tp: int) 
             p.copy_(full.to(p.dtype))
             n += 1
             continue
-        m = _EXPERT_PARAM.search(name)
-        if m is None:
+        m, s = _EXPERT_PARAM.search(name), _SHARED_PARAM.search(name)
+        if m is not None:
+            key, kind = ("expert", ep_rank * num_local + int(m.group(1))), m.group(2)
+        elif s is not None:
+            key, kind = ("shared",), s.group(1)  # the shared expert is replicated over EP, sharded over TP
+        else:
             continue
-        e = ep_rank * num_local + int(m.group(1))
-        kind = m.group(2)
-        if kind == "linear_fc1":  # column-parallel: [ffn (x2 if gated), hidden], TP shards rows
-            rows = p.shape[0] * tp
-            full = _normal((rows, cfg.hidden), dev, cfg.seed, "expert", e, kind)
-            shard = full.chunk(tp, dim=0)[tp_rank]
-        else:  # row-parallel: [hidden, ffn], TP shards columns
-            cols = p.shape[1] * tp
-            full = _normal((cfg.hidden, cols), dev, cfg.seed, "expert", e, kind)
-            shard = full.chunk(tp, dim=1)[tp_rank]
+        shard = _shard(p.shape, cfg, kind, key, tp_rank=tp_rank, tp=tp, device=dev)
         if shard.shape != p.shape:
             raise RuntimeError(f"{name}: seeded shard {tuple(shard.shape)} != parameter {tuple(p.shape)}")
         p.copy_(shard.to(p.dtype))
         n += 1
+    bias = getattr(getattr(layer, "router", None), "expert_bias", None)
+    if bias is not None:  # a buffer (float32 in megatron), not a parameter: seeded apart, not counted in n
+        bias.copy_((_normal((cfg.num_experts,), bias.device, cfg.seed, "expert_bias") / INIT_STD
+                    * EXPERT_BIAS_STD).to(bias.dtype))
     return n
+
+
+def _shard(shape, cfg: MoEConfig, kind: str, key: tuple, *, tp_rank: int, tp: int, device) -> torch.Tensor:
+    """This TP rank's slice of the full seeded matrix `key`/`kind`, so that the global weights never depend on TP.
+    fc1 is column-parallel ([ffn, hidden], TP shards rows; gated: [gate; up], each half sharded on its own, as
+    megatron lays out a GLU's fc1), fc2 row-parallel ([hidden, ffn], TP shards columns)."""
+    if kind == "linear_fc1":
+        rows = shape[0] * tp
+        full = _normal((rows, cfg.hidden), device, cfg.seed, *key, kind)
+        if cfg.gated:
+            gate, up = full.chunk(2, dim=0)
+            return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
+        return full.chunk(tp, dim=0)[tp_rank]
+    cols = shape[1] * tp
+    full = _normal((cfg.hidden, cols), device, cfg.seed, *key, kind)
+    return full.chunk(tp, dim=1)[tp_rank]
 
 
 def _num_local(layer) -> int:
@@ -119,6 +138,27 @@ def get_layer(cfg: MoEConfig):
                                f"({names}); teach layer.init_weights the new names")
         layers[key] = layer
     return layers[key]
+
+
+def output_fingerprint(cfg_dict: dict) -> dict:
+    """This rank's forward of its layer for `cfg_dict` on the config's tokens: the output's fingerprint, the routing
+    map's and the number of tokens routed (what shows that a router feature reached megatron's layer)."""
+    from . import toolkit
+    from .. import metrics
+
+    case = toolkit.setup(cfg_dict)
+    seen = {}
+
+    def keep(_mod, _inp, out):
+        seen["probs"], seen["map"] = out[0], out[1]
+
+    hook = case.layer.router.register_forward_hook(keep)
+    try:
+        out = toolkit.forward(case.layer, case.tokens)
+    finally:
+        hook.remove()
+    return {"out": metrics.fingerprint(out), "routing_map": metrics.fingerprint(seen["map"]),
+            "routed": int(seen["map"].sum()), "probs_sum": float(seen["probs"].float().sum())}
 
 
 def weights_fingerprint(cfg_dict: dict, *, rebuild: bool = False) -> dict[str, str]:
