@@ -16,7 +16,7 @@ _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dt
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
                            "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
                            "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
-                           "truncation_tiles"}
+                           "truncation_tiles", "model", "scale"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -54,7 +54,10 @@ def check(params: dict, where: str = "parameters") -> None:
         bad = [v for v in vals if v not in allowed]
         if bad or not vals:
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
-    base_moe(params)  # MoEConfig checks sizes
+    try:
+        base_moe(params)  # MoEConfig checks sizes (and a preset, its scale)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
     rel = params.get("releases", [])
     if isinstance(rel, str):
         rel = params["releases"] = [v for v in rel.split(",") if v]
@@ -112,6 +115,20 @@ def check(params: dict, where: str = "parameters") -> None:
 
 
 def base_moe(params: dict, **changes) -> MoEConfig:
+    """The notebooks' base layer: the profile's sizes, or with `model` a preset's layer (`moe_lab.models`, scaled by
+    `scale`; the preset decides hidden, experts, top-k, ffn and the router's features, the profile only seq_len, seed
+    and tp)."""
+    if params.get("model") is not None:
+        from . import models
+
+        kw = {k: params[k] for k in ("seq_len", "seed", "tp") if k in params}
+        kw.update(changes)
+        scale = params.get("scale", 1.0)
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+            raise ValueError(f"scale ({scale!r}) must be a number in (0, 1], e.g. 0.125")
+        return models.moe_config(params["model"], scale, **kw)
+    if params.get("scale", 1.0) != 1.0:
+        raise ValueError(f"scale ({params['scale']!r}) needs model (it scales a preset), e.g. -p model=qwen3-30b-a3b")
     kw = {k: params[k] for k in _MOE_KEYS if k in params}
     if "tp" in params:
         kw["tp"] = params["tp"]

@@ -53,3 +53,34 @@ def notebooks(s: str) -> str:
 
 
 __all__ = ["count", "seconds", "nonempty", "notebooks", "MAX_SECONDS"]
+
+
+def model(s: str) -> str:
+    """A model preset's name (`moe_lab.models.PRESETS`)."""
+    from .. import models
+
+    try:
+        return models.get(s.strip()).name
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def scale(s: str) -> float:
+    """A preset's scale: a number in (0, 1] (hidden and ffn are multiplied by it)."""
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{s!r} must be in (0, 1], e.g. 0.125")
+    return v
+
+
+def layout(s: str):
+    """A parallel layout, e.g. tp2,ep4 (`moe_lab.layout.Layout.parse`)."""
+    from ..layout import Layout
+
+    try:
+        return Layout.parse(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

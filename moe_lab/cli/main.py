@@ -17,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from .argtypes import count as _count, notebooks as _notebooks, nonempty as _nonempty, seconds as _seconds
+from .argtypes import count as _count, model as _model, notebooks as _notebooks, nonempty as _nonempty, \
+    scale as _scale, seconds as _seconds
 
 logger = logging.getLogger("moe_lab")
 EXIT_INPUT, EXIT_FAULT, EXIT_INTERRUPTED = 2, 3, 130
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=_count(), default=1)
     p.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms (+NCCL_ALGO=Ring)")
     p.add_argument("--seed-report", action="store_true", help="the seed report's layer: 4096/64 experts/top-6/1024 tokens/ffn 16384")
+    p.add_argument("--model", type=_model, default=None, help="a model preset's layer (moe-lab preflight lists what "
+                                                              "it runs): e.g. qwen3-30b-a3b, deepseek-v3")
+    p.add_argument("--scale", type=_scale, default=1.0, help="with --model: shrink hidden and ffn (e.g. 0.125)")
     p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
     p.add_argument("--start-timeout", type=_seconds, default=120.0,
@@ -173,13 +177,27 @@ def build_parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("scale", help="per-GPU memory and compute of one MoE layer forward at each EP, by explicit "
                                       "calculation (--measure: against the real layer on engines)")
     scale.add_arguments(sc)
+
+    from . import preflight
+
+    pf = sub.add_parser("preflight", help="what a model preset on a layout will run, what is left out, memory per "
+                                          "rank and GPU (no engines); a layout the layer cannot take is exit 2")
+    preflight.add_arguments(pf)
     return ap
 
 
 def _probe_configs(a) -> list:
     from ..config import MoEConfig, check_cut
 
-    if a.seed_report:
+    if a.model and a.seed_report:
+        raise ValueError("--model and --seed-report each choose the layer: give one")
+    if a.scale != 1 and not a.model:
+        raise ValueError("--scale needs --model (it scales a preset)")
+    if a.model:
+        from .. import models
+
+        base = models.moe_config(a.model, a.scale, seq_len=a.seq, seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+    elif a.seed_report:
         base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
     else:
         base = MoEConfig(hidden=a.hidden, num_experts=a.experts, topk=a.topk, ffn_hidden=a.ffn, seq_len=a.seq,
@@ -340,6 +358,12 @@ def cmd_bench(a) -> int:
     return bench.cmd(a)
 
 
+def cmd_preflight(a) -> int:
+    from . import preflight
+
+    return preflight.cmd(a)
+
+
 def cmd_scale(a) -> int:
     from . import scale
 
@@ -386,7 +410,7 @@ def main(argv=None) -> int:
     logging.getLogger("megatron").setLevel(logging.DEBUG if debug else logging.WARNING)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
                "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare,
-               "findings": cmd_findings}[a.cmd]
+               "findings": cmd_findings, "preflight": cmd_preflight}[a.cmd]
     try:
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched

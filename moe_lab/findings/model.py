@@ -8,6 +8,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..config import ROUTER_FEATURES, MoEConfig, describe_features
+
+_DEFAULTS = {k: getattr(MoEConfig(), k) for k in ROUTER_FEATURES}
+
 PASS, FAIL, MIXED, NOT_MEASURED, NA = "PASS", "FAIL", "MIXED", "NOT MEASURED", "N/A"
 STATUSES = (PASS, FAIL, MIXED, NOT_MEASURED, NA)
 
@@ -149,6 +153,9 @@ def subject_of(rec: dict, **extra) -> dict:
     cfg = rec.get("config") or {}
     layer = (f"hidden {cfg.get('hidden')}, {cfg.get('num_experts')} experts, top-{cfg.get('topk')}, ffn "
              f"{cfg.get('ffn_hidden')}, {cfg.get('seq_len')} tokens, {cfg.get('dtype')}") if cfg else "?"
+    if isinstance(cfg, dict) and cfg:  # a preset and router features set (records before #23 have neither)
+        layer = describe_features(layer, str(cfg.get("model") or ""),
+                                  {k: cfg[k] for k in ROUTER_FEATURES if k in cfg and cfg[k] != _DEFAULTS[k]})
     return {"release": str(rec.get("megatron_core") or "?"), "dispatcher": str(rec.get("dispatcher") or "?"),
             "placement": placement_label(rec), "layout": layout_label(rec), "layer": layer,
             "environment": env_label(rec), **extra}

@@ -110,16 +110,19 @@ def check_ep(cfg: MoEConfig, ep) -> int:
 # ---------------------------------------------------------------------------------------------- parameters
 
 
-def param_bytes(cfg: MoEConfig, ep: int, *, gated: bool = False) -> dict[str, int]:
-    """Bytes of this rank's parameters: the router (replicated) and its experts / EP local experts."""
+def param_bytes(cfg: MoEConfig, ep: int, *, gated: bool | None = None) -> dict[str, int]:
+    """Bytes of this rank's parameters: the router and the shared expert (replicated over EP) and its experts / EP
+    local experts. `gated` None: the layer's own (`cfg.gated`, SwiGLU: fc1 twice as tall)."""
     check_ep(cfg, ep)
+    gated = cfg.gated if gated is None else gated
     d, _ = dtype_bytes(cfg)
     local = cfg.num_experts // ep
     fc1 = (2 if gated else 1) * cfg.ffn_hidden * cfg.hidden * d
     fc2 = cfg.hidden * cfg.ffn_hidden * d
     router = cfg.num_experts * cfg.hidden * d
+    shared = ((2 if gated else 1) + 1) * cfg.shared_ffn * cfg.hidden * d
     return {"router": router, "experts": local * (fc1 + fc2), "per_expert": fc1 + fc2, "local_experts": local,
-            "total": router + local * (fc1 + fc2)}
+            "shared": shared, "total": router + shared + local * (fc1 + fc2)}
 
 
 # ---------------------------------------------------------------------------------------------- rows
@@ -339,7 +342,7 @@ def lab_phases(cfg: MoEConfig, ep: int, *, fwd_plain: int, fwd_trunc: int, cut: 
 # ---------------------------------------------------------------------------------------------- the plan
 
 
-def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool = False, imbalance: float = 1.0,
+def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool | None = None, imbalance: float = 1.0,
          cut: int = 90, capture: bool = False, tflops: float = DEFAULT_TFLOPS,
          usable_bytes: int = H200_USABLE_BYTES, reserve_bytes: int = DEFAULT_RESERVE_BYTES,
          moe_layers: int | None = None, counts: list[int] | None = None,
@@ -356,6 +359,7 @@ def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool 
     if dispatcher is not None:
         cfg = cfg.replace(dispatcher=dispatcher)
     check_ep(cfg, ep)
+    gated = cfg.gated if gated is None else gated
     if not isinstance(tflops, (int, float)) or isinstance(tflops, bool) or not tflops > 0:
         raise ValueError(f"tflops ({tflops!r}) must be a positive number")
     d, r = dtype_bytes(cfg)

@@ -24,7 +24,7 @@ def test_moe_defaults_valid():
     "kwargs",
     [
         dict(topk=8),                          # topk == num_experts is allowed
-        dict(topk=1),
+        dict(topk=1, pre_softmax=True),     # megatron: top-1 softmax routing needs pre-softmax
         dict(ep=8),                            # one expert per EP rank
         dict(ep=2, tp=2),
         dict(tp=256, hidden=256, ffn_hidden=512),

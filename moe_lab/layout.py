@@ -1,0 +1,91 @@
+"""A parallel layout — TP x EP x ETP (+ sequence parallel) — parsed and checked once (#23 item 5), torch-free.
+
+Vocabulary (megatron-core's): the dense side splits the world into tp x dp; the expert side into etp x ep x edp
+(expert-data-parallel). ETP defaults to TP (`expert_tensor_parallel_size=None` in megatron). A layout fits a world of
+W ranks when W is a multiple of tp and of etp x ep; the smallest such world is lcm(tp, etp x ep)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+_PART = re.compile(r"^(tp|ep|etp)(\d+)$|^(sp)$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    """Tensor parallel size of the dense side (attention; the router's input is replicated over it)."""
+    ep: int = 1
+    """Expert parallel size: the experts are split over this many ranks."""
+    etp: int = 0
+    """Expert tensor parallel size; 0 = the same as tp (megatron's default)."""
+    sp: bool = False
+    """Sequence parallelism (megatron requires it for MoE with TP > 1 in training)."""
+
+    def __post_init__(self):
+        for name in ("tp", "ep"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"layout: {name} ({v!r}) must be a positive integer")
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise ValueError(f"layout: etp ({self.etp!r}) must be a positive integer (or 0 = tp)")
+
+    @classmethod
+    def parse(cls, text: str) -> "Layout":
+        """'tp2,ep4' / 'ep8' / 'tp2,ep2,etp1,sp' → Layout; a one-line ValueError that shows the form otherwise."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("layout is empty: give e.g. ep4 or tp2,ep4,etp1,sp")
+        kw: dict = {}
+        for part in text.lower().replace(" ", "").split(","):
+            m = _PART.match(part)
+            if not m:
+                raise ValueError(f"layout ({text!r}): {part!r} is not tpN, epN, etpN or sp (e.g. tp2,ep4,etp1,sp)")
+            key, val = ("sp", True) if m.group(3) else (m.group(1), int(m.group(2)))
+            if key in kw:
+                raise ValueError(f"layout ({text!r}) names {key} twice")
+            kw[key] = val
+        return cls(**kw)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def min_world(self) -> int:
+        return math.lcm(self.tp, self.expert_tp * self.ep)
+
+    def label(self) -> str:
+        s = f"tp {self.tp} × ep {self.ep}"
+        if self.expert_tp != self.tp:
+            s += f" (etp {self.expert_tp})"
+        return s + (", sequence parallel" if self.sp else "")
+
+    def groups(self, world: int) -> dict:
+        """Every group size at `world` ranks: dp (dense side), edp (expert side), checked."""
+        self.check_world(world)
+        return {"world": world, "tp": self.tp, "dp": world // self.tp, "ep": self.ep, "etp": self.expert_tp,
+                "edp": world // (self.expert_tp * self.ep)}
+
+    def check_world(self, world: int) -> None:
+        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            raise ValueError(f"world ({world!r}) must be a positive integer")
+        if world % self.tp:
+            raise ValueError(f"layout {self.label()}: world ({world}) must be a multiple of tp ({self.tp})")
+        if world % (self.expert_tp * self.ep):
+            raise ValueError(f"layout {self.label()}: world ({world}) must be a multiple of etp x ep "
+                             f"({self.expert_tp} x {self.ep} = {self.expert_tp * self.ep})")
+
+    def check_layer(self, cfg, *, heads: int | None = None) -> None:
+        """Can this layer (a MoEConfig) be split this way? One ValueError naming the first rule broken."""
+        rules = [(cfg.num_experts % self.ep, f"num_experts ({cfg.num_experts}) must be divisible by ep ({self.ep})"),
+                 (cfg.hidden % self.tp, f"hidden ({cfg.hidden}) must be divisible by tp ({self.tp})"),
+                 (cfg.ffn_hidden % self.expert_tp,
+                  f"expert ffn ({cfg.ffn_hidden}) must be divisible by etp ({self.expert_tp})"),
+                 (cfg.shared_ffn % self.tp, f"shared expert ffn ({cfg.shared_ffn}) must be divisible by tp ({self.tp})"),
+                 (heads is not None and heads % self.tp,
+                  f"attention heads ({heads}) must be divisible by tp ({self.tp})")]
+        for broken, msg in rules:
+            if broken:
+                raise ValueError(f"layout {self.label()}: {msg}")
