@@ -71,7 +71,12 @@ class MoEConfig:
     ep: int = 0
     """Expert-parallel size; 0 means the whole world / tp."""
     tp: int = 1
-    """Tensor-parallel size (experts' TP follows it)."""
+    """Tensor-parallel size of the dense side."""
+    etp: int = 0
+    """Expert tensor-parallel size (`expert_tensor_parallel_size`); 0 = the same as tp (megatron's default)."""
+    sequence_parallel: bool = False
+    """Sequence parallelism: each TP rank feeds its 1/tp of the tokens (megatron needs it for MoE + TP in training);
+    the lab gathers the output over TP before comparing it."""
     seed: int = 123
     """Seed for weights and tokens: same seed → bitwise same weights and tokens on every rank."""
     deterministic: bool = False
@@ -112,13 +117,19 @@ class MoEConfig:
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
             _positive(name, getattr(self, name))
-        for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity"):
+        for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity",
+                     "sequence_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be True or False")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed ({self.seed!r}) must be an integer")
-        if not isinstance(self.ep, int) or isinstance(self.ep, bool) or self.ep < 0:
-            raise ValueError(f"ep ({self.ep!r}) must be 0 (= world / tp) or a positive integer")
+        for name in ("ep", "etp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} ({v!r}) must be 0 (the default: ep = world / etp, etp = tp) or a positive "
+                                 "integer")
+        if self.sequence_parallel and self.seq_len % self.tp:
+            raise ValueError(f"seq_len ({self.seq_len}) must be divisible by tp ({self.tp}) with sequence_parallel")
         if isinstance(self.options, list):  # from JSON
             object.__setattr__(self, "options", tuple(self.options))
         if not isinstance(self.options, tuple) or any(o not in MEGATRON_OPTIONS for o in self.options):
@@ -131,8 +142,13 @@ class MoEConfig:
             raise ValueError(f"topk ({self.topk}) must be <= num_experts ({self.num_experts})")
         if self.ep and self.num_experts % self.ep:
             raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
-        if self.hidden % self.tp or self.ffn_hidden % self.tp:
-            raise ValueError(f"hidden ({self.hidden}) and ffn_hidden ({self.ffn_hidden}) must be divisible by tp ({self.tp})")
+        if self.hidden % self.tp or self.ffn_hidden % self.expert_tp or self.shared_ffn % self.tp:
+            raise ValueError(f"hidden ({self.hidden}) and shared_ffn ({self.shared_ffn}) must be divisible by tp "
+                             f"({self.tp}), ffn_hidden ({self.ffn_hidden}) by etp ({self.expert_tp})")
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     def _check_router_features(self) -> None:
         """megatron-core's own rules for the router features (TransformerConfig.__post_init__), checked here so that
@@ -191,15 +207,20 @@ class MoEConfig:
         return dataclasses.replace(self, **changes)
 
     def resolved_ep(self, world: int) -> int:
-        """EP for a world of `world` ranks, checked against it."""
+        """EP for a world of `world` ranks (0 = world / etp), checked against it (`Layout`'s rules: the world is a
+        multiple of tp and of etp x ep; the ranks left over are data parallel)."""
+        return self.layout(world).ep
+
+    def layout(self, world: int):
+        """This layer's `Layout` on `world` ranks, checked (one ValueError naming the rule)."""
+        from .layout import Layout
+
         if not isinstance(world, int) or isinstance(world, bool) or world < 1:
             raise ValueError(f"world ({world!r}) must be a positive integer")
-        ep = self.ep or world // self.tp
-        if ep * self.tp != world:
-            raise ValueError(f"ep ({ep}) * tp ({self.tp}) must equal the world size ({world})")
-        if self.num_experts % ep:
-            raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep ({ep})")
-        return ep
+        lay = Layout(tp=self.tp, ep=self.ep or max(1, world // self.expert_tp), etp=self.etp, sp=self.sequence_parallel)
+        lay.check_world(world)
+        lay.check_layer(self)
+        return lay
 
     def asdict(self) -> dict:
         return dataclasses.asdict(self)

@@ -16,7 +16,8 @@ _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dt
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
                            "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
                            "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
-                           "truncation_tiles", "model", "scale"}
+                           "truncation_tiles", "model", "scale", "layouts", "layout_reference",
+                           "layout_router_dtypes"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -45,7 +46,10 @@ def check(params: dict, where: str = "parameters") -> None:
     unknown = set(params) - _KNOWN
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KNOWN)}")
-    for key, allowed in (("dispatchers", DISPATCHERS), ("router_dtypes", ROUTER_DTYPES)):
+    for key, allowed in (("dispatchers", DISPATCHERS), ("router_dtypes", ROUTER_DTYPES),
+                         ("layout_router_dtypes", ROUTER_DTYPES)):
+        if key == "layout_router_dtypes" and key not in params:
+            continue
         vals = params.get(key, [])
         if isinstance(vals, str):
             vals = params[key] = [v for v in vals.split(",") if v]
@@ -86,6 +90,19 @@ def check(params: dict, where: str = "parameters") -> None:
         v = params.get(key, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
             raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")
+    lays = params.get("layouts", ["ep1"])
+    if isinstance(lays, str):
+        lays = params["layouts"] = [v for v in lays.split(";") if v]
+    if not isinstance(lays, list) or not lays or len(set(lays)) != len(lays):
+        raise ValueError(f"{where}: layouts ({lays!r}) must be a non-empty list of distinct layouts, e.g. "
+                         "[\"ep1\", \"ep4\", \"tp2,ep2\"] (or -p 'layouts=ep1;ep4;tp2,ep2')")
+    from .layout import Layout
+
+    for spec in lays + [params.get("layout_reference", "ep1")]:
+        try:
+            Layout.parse(spec)
+        except ValueError as e:
+            raise ValueError(f"{where}: layouts entry: {e}") from None
     te = params.get("truncation_engines", [])
     if not isinstance(te, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in te):
         raise ValueError(f"{where}: truncation_engines ({te!r}) must be a list of positive integers, e.g. [1, 4]")

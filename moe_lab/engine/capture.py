@@ -244,7 +244,9 @@ def collective_timer(acc: dict | None, sync=None):
 
 def run_with_capture(layer, tokens: torch.Tensor, names_filter=None, *, hidden: int, num_experts: int):
     """One forward of `layer` with stage capture and the collective ledger → (out, cache)."""
+    from . import toolkit  # its forward feeds a sequence-parallel layer its slice and gathers the output
+
     cache = Cache()
     with capture_hooks(layer, cache, names_filter), collective_ledger(cache, hidden=hidden, num_experts=num_experts):
-        out = compat.moe_forward(layer, tokens)
+        out = toolkit.forward(layer, tokens)
     return out, cache

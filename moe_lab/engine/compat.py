@@ -236,6 +236,34 @@ def apply_gloo_shims() -> None:
     all_to_all_single._moe_lab_lists = True
     torch.distributed.all_to_all_single = all_to_all_single
     _APPLIED["all_to_all_single_lists"] = 1
+    _uneven_all_gather()
+
+
+def _uneven_all_gather() -> None:
+    """gloo's all_gather wants every rank's tensor the same size; megatron's alltoall dispatcher with TP > 1 and
+    sequence parallelism gathers tokens of uneven counts (`_gather_along_first_dim(output_split_sizes=...)`, NCCL
+    takes those). Where sizes differ, each rank's tensor is padded along dim 0 to the largest, gathered, and the
+    rows copied back: a copy, no arithmetic. Equal sizes take gloo's own path unchanged."""
+    orig = torch.distributed.all_gather
+    if getattr(orig, "_moe_lab_uneven", False):
+        return
+
+    @functools.wraps(orig)
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        shapes = {tuple(t.shape) for t in tensor_list} | {tuple(tensor.shape)}
+        if len(shapes) == 1 or tensor.dim() == 0 or async_op:
+            return orig(tensor_list, tensor, group=group, async_op=async_op)
+        rows = max(t.shape[0] for t in tensor_list)
+        pad = lambda t: torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))])  # noqa: E731
+        padded = [torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device) for t in tensor_list]
+        work = orig(padded, pad(tensor.contiguous()), group=group)
+        for dst, src in zip(tensor_list, padded):
+            dst.copy_(src[: dst.shape[0]])
+        return work
+
+    all_gather._moe_lab_uneven = True
+    torch.distributed.all_gather = all_gather
+    _APPLIED["all_gather_uneven"] = 1
 
 
 def fix_missing_te() -> bool:
@@ -280,7 +308,7 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
         add_bias_linear=False,
         tensor_model_parallel_size=tp,
         expert_model_parallel_size=ep,
-        sequence_parallel=False,
+        sequence_parallel=bool(getattr(cfg, "sequence_parallel", False)),
         bf16=cfg.dtype == "bf16",
         fp16=cfg.dtype == "fp16",
         params_dtype=torch_dtype(cfg.dtype),
@@ -288,6 +316,8 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
         # model.init_weights overwrites every parameter from the seed: megatron's own init would be done twice
         perform_initialization=False,
     )
+    if getattr(cfg, "etp", 0) and cfg.etp != tp:
+        kwargs["expert_tensor_parallel_size"] = cfg.etp
     if cfg.router_dtype != "none":
         kwargs["moe_router_dtype"] = cfg.router_dtype
     for opt in getattr(cfg, "options", ()):

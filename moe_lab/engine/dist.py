@@ -224,20 +224,23 @@ def gpu_index(*, rank: int, local_rank: int | None, local_world: int | None, n_g
                        f"sees {n_gpu} GPU(s): start at most {n_gpu * ranks_per_gpu} engines on each node")
 
 
-def init_parallel_state(*, tp: int, ep: int) -> None:
-    """(Re)initialise megatron parallel_state for (tp, ep) if it differs from the current layout."""
+def init_parallel_state(*, tp: int, ep: int, etp: int | None = None) -> None:
+    """(Re)initialise megatron parallel_state for (tp, ep, etp) if it differs from the current layout (etp None:
+    megatron's default, = tp)."""
     from megatron.core import parallel_state as ps
 
-    if STATE.get("parallel") == (tp, ep) and ps.model_parallel_is_initialized():
+    etp = etp or tp
+    if STATE.get("parallel") == (tp, ep, etp) and ps.model_parallel_is_initialized():
         return
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    kw = {} if etp == tp else {"expert_tensor_parallel_size": etp}  # the seed layout calls megatron as before
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, **kw)
     if STATE["device"] == "cuda":  # (also when ranks share a GPU: the seed only sets RNG states)
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    STATE["parallel"] = (tp, ep)
+    STATE["parallel"] = (tp, ep, etp)
     STATE["layers"] = {}
     STATE["stacks"] = {}
 

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 INIT_STD = 0.02  # megatron's default init_method_std
 # Fields that change the built layer (the rest — seq_len, deterministic, probs_fp32_gather — only how it is run).
 _LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed",
-               "options") + ROUTER_FEATURES
+               "options", "etp", "sequence_parallel") + ROUTER_FEATURES
 MAX_LAYERS = 2  # layers kept per engine: a case's and the plain one its cost is paired with
 _EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _SHARED_PARAM = re.compile(r"shared_experts\.(linear_fc1|linear_fc2)\.weight$")
@@ -40,13 +40,15 @@ def _normal(shape, device, seed, *key) -> torch.Tensor:
 
 
 @torch.no_grad()
-def init_weights(layer, cfg: MoEConfig, *, ep_rank: int, tp_rank: int, tp: int) -> int:
+def init_weights(layer, cfg: MoEConfig, *, ep_rank: int, tp_rank: int, tp: int, etp_rank: int | None = None,
+                 etp: int | None = None) -> int:
     """Overwrite the layer's weights from `cfg.seed`: global expert e gets the same weights whichever rank holds it.
 
     megatron's own init draws from the rank's RNG stream, so the weights would depend on EP/TP layout; this
     makes them a function of (seed, global expert index, tensor name) alone. Returns the number of tensors set.
     """
     num_local = _num_local(layer)
+    etp_rank, etp = (tp_rank, tp) if etp is None else (etp_rank, etp)  # experts are split over ETP (default = TP)
     n = 0
     for name, p in layer.named_parameters():
         dev = p.device
@@ -57,12 +59,12 @@ def init_weights(layer, cfg: MoEConfig, *, ep_rank: int, tp_rank: int, tp: int) 
             continue
         m, s = _EXPERT_PARAM.search(name), _SHARED_PARAM.search(name)
         if m is not None:
-            key, kind = ("expert", ep_rank * num_local + int(m.group(1))), m.group(2)
-        elif s is not None:
-            key, kind = ("shared",), s.group(1)  # the shared expert is replicated over EP, sharded over TP
+            key, kind, r, size = ("expert", ep_rank * num_local + int(m.group(1))), m.group(2), etp_rank, etp
+        elif s is not None:  # the shared expert is replicated over EP, sharded over TP
+            key, kind, r, size = ("shared",), s.group(1), tp_rank, tp
         else:
             continue
-        shard = _shard(p.shape, cfg, kind, key, tp_rank=tp_rank, tp=tp, device=dev)
+        shard = _shard(p.shape, cfg, kind, key, tp_rank=r, tp=size, device=dev)
         if shard.shape != p.shape:
             raise RuntimeError(f"{name}: seeded shard {tuple(shard.shape)} != parameter {tuple(p.shape)}")
         p.copy_(shard.to(p.dtype))
@@ -111,13 +113,34 @@ def truncate(tokens: torch.Tensor, cut: int) -> torch.Tensor:
     return t
 
 
+def _parallel_state(cfg: MoEConfig) -> int:
+    """megatron's parallel_state for this layer's layout on this world (re-initialised only when it changes)."""
+    import torch.distributed as tdist
+
+    lay = cfg.layout(tdist.get_world_size())
+    init_parallel_state(tp=lay.tp, ep=lay.ep, etp=lay.expert_tp)
+    return lay.ep
+
+
+def _build(cfg: MoEConfig):
+    """A freshly built layer for `cfg` (parallel_state already set), every tensor seeded → (layer, tensors seeded)."""
+    from megatron.core import parallel_state as ps
+
+    import torch.distributed as tdist
+
+    lay = cfg.layout(tdist.get_world_size())
+    layer = compat.build_moe_layer(cfg, ep=lay.ep, tp=cfg.tp, device=STATE["device"])
+    n = init_weights(layer, cfg, ep_rank=ps.get_expert_model_parallel_rank(),
+                     tp_rank=ps.get_tensor_model_parallel_rank(), tp=cfg.tp,
+                     etp_rank=ps.get_expert_tensor_parallel_rank(), etp=lay.expert_tp)
+    return layer, n
+
+
 def get_layer(cfg: MoEConfig):
     """The MoE layer for `cfg` on this rank, built once per layer-defining config (a warm cluster reuses it)."""
     import torch.distributed as tdist
 
-    world = tdist.get_world_size()
-    ep = cfg.resolved_ep(world)
-    init_parallel_state(tp=cfg.tp, ep=ep)
+    _parallel_state(cfg)
     key = tuple(getattr(cfg, k) for k in _LAYER_KEYS)
     layers = STATE.setdefault("layers", {})
     if key in layers:
@@ -127,11 +150,7 @@ def get_layer(cfg: MoEConfig):
             layers.pop(next(iter(layers)))
         if STATE["device"] == "cuda":
             torch.cuda.empty_cache()
-        from megatron.core import parallel_state as ps
-
-        layer = compat.build_moe_layer(cfg, ep=ep, tp=cfg.tp, device=STATE["device"])
-        n = init_weights(layer, cfg, ep_rank=ps.get_expert_model_parallel_rank(),
-                         tp_rank=ps.get_tensor_model_parallel_rank(), tp=cfg.tp)
+        layer, n = _build(cfg)
         names = [name for name, _ in layer.named_parameters()]
         if n != len(names):  # megatron's init is off (perform_initialization=False): every tensor must be seeded
             raise RuntimeError(f"megatron-core {compat.installed_version()}: seeded {n} of {len(names)} parameters "
@@ -187,16 +206,7 @@ def get_stack(cfg: MoEConfig, n: int, *, distinct: bool):
         if not distinct:
             stacks[key] = [get_layer(cfg)] * n
         else:
-            from megatron.core import parallel_state as ps
-
-            ep = cfg.resolved_ep(tdist.get_world_size())
-            init_parallel_state(tp=cfg.tp, ep=ep)
-            out = []
-            for i in range(n):
-                c = cfg.replace(seed=cfg.seed + i)
-                lyr = compat.build_moe_layer(c, ep=ep, tp=c.tp, device=STATE["device"])
-                init_weights(lyr, c, ep_rank=ps.get_expert_model_parallel_rank(),
-                             tp_rank=ps.get_tensor_model_parallel_rank(), tp=c.tp)
-                out.append(lyr)
+            _parallel_state(cfg)
+            out = [_build(cfg.replace(seed=cfg.seed + i))[0] for i in range(n)]
             stacks[key] = out
     return stacks[key]

@@ -75,6 +75,15 @@ class Case:
                 **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))}}
 
 
+def layout_fields(cfg: MoEConfig, world) -> dict:
+    """The case's own layout on every record (#22/#23: not the one the cluster started with): tp, ep, etp, sequence
+    parallel and the layout in words."""
+    if not isinstance(world, int):
+        return {}
+    lay = cfg.layout(world)
+    return {"tp": lay.tp, "ep": lay.ep, "etp": lay.expert_tp, "sequence_parallel": lay.sp, "layout": lay.label()}
+
+
 def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> None:
     """Everything about a case that can be wrong before an engine runs it: raise ValueError naming it."""
     from ..engine import compat
@@ -318,8 +327,9 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     wall = round(time.perf_counter() - t0, 3)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = []
+    layout = layout_fields(case.moe, env.get("world"))
     for r in experiment.records(case, per_rank):
-        out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), "label": case.label,
+        out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), **layout, "label": case.label,
                     "case_key": key, "case_wall_s": wall, **r})
     return out
 

@@ -177,7 +177,8 @@ def placement_label(rec: dict) -> str:
 
 
 def layout_label(rec: dict) -> str:
-    return f"tp {rec.get('tp', 1) or 1} × ep {rec.get('ep') or rec.get('world') or '?'}"
+    """The case's layout in words (records since #23 carry it; older ones their tp and ep)."""
+    return rec.get("layout") or f"tp {rec.get('tp', 1) or 1} × ep {rec.get('ep') or rec.get('world') or '?'}"
 
 
 def env_label(rec: dict) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import compound, localise, promotion, reproduce, truncation
+from . import compound, layouts, localise, promotion, reproduce, truncation
 from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Finding
 
 
@@ -19,7 +19,8 @@ class Experiment:
 
 
 EXPERIMENTS = (
-    Experiment("01", reproduce.EXPERIMENT, "Same tokens on every EP rank: do the outputs agree?", reproduce.findings),
+    Experiment("01", reproduce.EXPERIMENT, "Same tokens on every EP rank: do the outputs agree? And under another "
+               "layout?", lambda recs: reproduce.findings(recs) + layouts.findings(recs)),
     Experiment("02", localise.EXPERIMENT, "Which stage and which collective first diverge?", localise.findings),
     Experiment("03", promotion.EXPERIMENT, "Which fp32/fp64 / deterministic setting makes ranks agree, at what cost?",
                promotion.findings),
@@ -29,11 +30,14 @@ EXPERIMENTS = (
                compound.findings),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
+NOTEBOOK_EXPERIMENTS = {"01": (reproduce.EXPERIMENT, layouts.EXPERIMENT)}
+"""Notebooks that answer more than one experiment's question: their records carry either name."""
 
 
 def of_notebook(records: list[dict], exp: Experiment) -> list[dict]:
+    names = NOTEBOOK_EXPERIMENTS.get(exp.notebook, (exp.name,))
     return [r for r in records if isinstance(r, dict) and (r.get("notebook") == exp.notebook
-                                                            or (not r.get("notebook") and r.get("experiment") == exp.name))]
+                                                            or (not r.get("notebook") and r.get("experiment") in names))]
 
 
 def findings(records: list[dict]) -> dict[str, list[Finding]]:

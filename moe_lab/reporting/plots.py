@@ -267,3 +267,22 @@ def cost_bars(cost_df: pd.DataFrame, ax=None):
     ax.legend(fontsize=8)
     ax.set_title("Cost of each setting: median of paired rounds, 95 % interval (router none = A/A noise floor)")
     return ax
+
+
+def layout_heatmap(records: list[dict], ax=None):
+    """Notebook 01's layout question: rows dispatcher / router dtype, columns the layouts, each cell the worst trial's
+    fraction of output elements that differ from the reference layout (bitwise equal: the zero colour)."""
+    recs = [r for r in records if r.get("kind") == "layout" and isinstance(r.get("vs_reference"), dict)
+            and "n_mismatch" in r["vs_reference"]]
+    if not recs:
+        return not_applicable(records, ax, "layout comparison")
+    rows = pd.DataFrame([{"case": f"{r['dispatcher']} / router {r['router_dtype']}", "layout": r["layout"],
+                          "frac": r["vs_reference"]["mismatch_frac"]} for r in recs])
+    table = rows.pivot_table(index="case", columns="layout", values="frac", aggfunc="max", sort=False)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 + 1.7 * table.shape[1], 0.9 + 0.5 * table.shape[0]))
+    zero_aware_heatmap(table, ax, label="fraction of output elements differing from the reference")
+    ax.set_title(f"against {recs[0]['reference_layout']} (same weights, same tokens)")
+    ax.set_xlabel("")
+    ax.set_ylabel("")
+    return ax

@@ -59,3 +59,14 @@ def back05(d, setting, bad=(), available=True, **kw):
     for k in FWD_CMPS + GRAD_CMPS:
         r[k] = cmp(7, trials=3, numel=1024 * 64) if k in bad else cmp(trials=3, numel=1024 * 64)
     return r
+
+
+def lay01(d, layout, vs_ref, rerun=None, *, r="none", ref="tp 1 × ep 1", routing=0, **kw):
+    """A notebook-01 layout record (experiments.layouts): `layout` against `ref` (n differing output elements)."""
+    stages = {"router.logits": cmp(), "router.probs": cmp(), "router.routing_map": cmp(routing), "out": vs_ref}
+    first = next((k for k in ("router.logits", "router.probs", "router.routing_map", "out")
+                  if stages[k].get("n_differ")), None)
+    return dict(ENV, notebook="01", experiment="layouts", kind="layout", case_key=f"01/{d}/{r}/{layout}",
+                dispatcher=d, router_dtype=r, layout=layout, reference_layout=ref, is_reference=layout == ref,
+                vs_reference=vs_ref, rerun=rerun or cmp(), cross_rank=cmp(), stages_vs_reference=stages,
+                first_divergent_stage=first, deterministic=False, **kw)

@@ -155,25 +155,27 @@ def test_moe_ep_bool_refused():
         (2, 2, 4, 2),   # explicit ep, ep * tp == world
         (4, 1, 4, 4),
         (8, 1, 8, 8),
+        (2, 1, 4, 2),   # explicit ep below the world: the other ranks are expert-data-parallel (edp 2)
+        (1, 1, 4, 1),   # EP=1 on 4 ranks: data parallel only
     ],
 )
 def test_resolved_ep_ok(ep, tp, world, expected):
-    """resolved_ep returns the EP size when ep * tp == world and experts divide evenly."""
+    """resolved_ep returns the EP size when the world is a multiple of tp and of etp x ep and experts divide evenly."""
     assert MoEConfig(ep=ep, tp=tp).resolved_ep(world) == expected
 
 
 @pytest.mark.parametrize(
     "ep, tp, world, needles",
     [
-        (2, 1, 4, ["ep (2)", "tp (1)", "world size (4)"]),   # explicit ep does not fill the world
-        (4, 2, 4, ["ep (4)", "tp (2)", "world size (4)"]),   # ep * tp overshoots
-        (0, 2, 3, ["ep (1)", "tp (2)", "world size (3)"]),   # world not divisible by tp: 3 // 2 = 1
+        (8, 1, 4, ["world (4)", "etp x ep", "1 x 8"]),      # explicit ep larger than the world
+        (4, 2, 4, ["world (4)", "etp x ep", "2 x 4"]),      # etp (= tp) x ep overshoots
+        (0, 2, 3, ["world (3)", "multiple of tp (2)"]),     # world not divisible by tp
         (0, 1, 3, ["num_experts (8)", "ep (3)"]),            # 8 experts over 3 ranks
         (0, 1, 16, ["num_experts (8)", "ep (16)"]),          # more EP ranks than experts
     ],
 )
 def test_resolved_ep_errors(ep, tp, world, needles):
-    """A world that doesn't match ep * tp, or experts not divisible by the resolved ep, raises ValueError."""
+    """A world that is not a multiple of tp and of etp x ep, or experts not divisible by ep, raises ValueError."""
     with pytest.raises(ValueError) as exc:
         MoEConfig(ep=ep, tp=tp).resolved_ep(world)
     for needle in needles:

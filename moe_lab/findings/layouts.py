@@ -1,0 +1,75 @@
+"""Notebook 01's second question (#23 item 3): the same weights and tokens under another layout — do the bits change,
+from which stage, and is it the layout or run-to-run nondeterminism (the layout's own rerun)?"""
+
+from __future__ import annotations
+
+from .common import applicable, count, describe, groups, guarded, trials
+from .model import FAIL, MIXED, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
+
+EXPERIMENT = "layouts"
+QUESTION = "layout changes the bits"
+
+
+def _one(r: dict) -> Finding:
+    c, rr = r["vs_reference"], r["rerun"]
+    k, n = trials(c)
+    rerun_k, _ = trials(rr)
+    first = r.get("first_divergent_stage")
+    subj = subject_of(r, router_dtype=r["router_dtype"], layout=r["layout"])
+    ev = Evidence(records=case_keys([r]), trials=(k, n))
+    claim = f"{r['dispatcher']}, router {r['router_dtype']}, {r['layout']} vs {r['reference_layout']}: "
+    if k == 0:
+        status = PASS
+        claim += f"output {describe(c)}"
+    else:
+        status = FAIL if k == n else MIXED
+        claim += f"{describe(c, 'output elements')}; first divergent stage {first or 'out'}"
+        ev.counts.append(count(c, "output elements"))
+        routing = r["stages_vs_reference"].get("router.routing_map", {})
+        if applicable(routing):
+            rk, _ = trials(routing)
+            ev.notes.append("the routing map is the reference's in every trial: only the arithmetic's order moved"
+                            if rk == 0 else
+                            f"the routing itself moved: {describe(routing, 'routing-map entries')}")
+    if rerun_k:
+        ev.notes.append(f"a rerun of this layout differs too ({rerun_k} of {n} trials): run-to-run nondeterminism is "
+                        "part of it")
+    return Finding(EXPERIMENT, QUESTION, subj, status, claim, ev, commits=commits_of([r]))
+
+
+def _summary(sub: list[dict], per: list[Finding]) -> list[Finding]:
+    others = [f for f in per if f.subject.get("layout") != sub[0].get("reference_layout")]
+    r0 = sub[0]
+    subj = subject_of(r0, router_dtype=r0["router_dtype"])
+    ref = next((r for r in sub if r.get("is_reference")), None)
+    if not others:
+        return [Finding(EXPERIMENT, QUESTION, subj, NOT_MEASURED,
+                        f"{r0['dispatcher']}, router {r0['router_dtype']}: no layout other than the reference "
+                        f"{r0['reference_layout']} "
+                        "was measured — nothing is claimed about layouts", Evidence(records=case_keys(sub)),
+                        card=r0["router_dtype"] == "none", commits=commits_of(sub))]
+    differ = [f for f in others if f.status != PASS]
+    status = PASS if not differ else FAIL if all(f.status == FAIL for f in differ) else MIXED
+    names = ", ".join(f.subject["layout"] for f in differ)
+    claim = (f"{r0['dispatcher']}, router {r0['router_dtype']}: {len(differ)} of {len(others)} layout(s) change the "
+             f"output bits against {r0['reference_layout']}" + (f" ({names})" if differ else ""))
+    ev = Evidence(records=case_keys(sub))
+    if ref is not None:  # the control: the reference against itself, run again
+        ev.notes.append(f"the reference against its own stored output: {describe(ref['vs_reference'])}")
+    return [Finding(EXPERIMENT, QUESTION, subj, status, claim, ev, card=r0["router_dtype"] == "none",
+                    commits=commits_of(sub))]
+
+
+def findings(records: list[dict]) -> list[Finding]:
+    recs = [r for r in records if isinstance(r, dict) and r.get("experiment") == EXPERIMENT
+            and r.get("kind") == "layout" and "skipped" not in r]
+    out: list[Finding] = []
+    for _key, sub in groups(recs, "router_dtype").items():
+        def build(sub=sub):
+            per = [_one(r) for r in sub]
+            return _summary(sub, per) + [f for f in per if not f.subject.get("layout") == sub[0]["reference_layout"]]
+        out += guarded(EXPERIMENT, QUESTION, sub, build)
+    return out
+
+
+__all__ = ["findings", "EXPERIMENT", "QUESTION"]

@@ -1,0 +1,69 @@
+"""Notebook 01's layout findings (findings.layouts) on constructed records: the words follow the records, a layout
+whose own reruns differ says so, nothing measured is NOT MEASURED, and the registry keeps 01's two questions apart."""
+
+from hypothesis import given, settings, strategies as st
+
+from moe_lab.findings import layouts, registry
+from moe_lab.findings.model import FAIL, MIXED, NOT_MEASURED, PASS
+from tests.unit.records_factory import cmp, lay01, rec01
+
+REF = "tp 1 × ep 1"
+
+
+def test_a_layout_that_changes_the_bits_fails_and_one_that_does_not_passes():
+    recs = [lay01("alltoall", REF, cmp(0)), lay01("alltoall", "tp 1 × ep 4", cmp(0)),
+            lay01("alltoall", "tp 2 × ep 2", cmp(120, numel=32768))]
+    fs = layouts.findings(recs)
+    summary, per = fs[0], {f.subject["layout"]: f for f in fs[1:]}
+    assert summary.card and summary.status == FAIL and "1 of 2 layout(s)" in summary.claim
+    assert "tp 2 × ep 2" in summary.claim and "tp 1 × ep 4)" not in summary.claim
+    assert per["tp 1 × ep 4"].status == PASS
+    bad = per["tp 2 × ep 2"]
+    assert bad.status == FAIL and "120 of 32,768 output elements" in bad.claim
+    assert any("only the arithmetic's order moved" in n for n in bad.evidence.notes)
+    assert REF not in per  # the reference is the control, not a finding of its own
+    assert any("reference against its own stored output" in n for n in summary.evidence.notes)
+
+
+def test_moved_routing_and_rerun_nondeterminism_are_said():
+    rec = lay01("allgather", "tp 1 × ep 4", cmp(50), rerun=cmp(7, n_differ=2), routing=3)
+    f = layouts.findings([lay01("allgather", REF, cmp(0)), rec])[1]
+    assert "first divergent stage router.routing_map" in f.claim
+    assert any("routing itself moved" in n for n in f.evidence.notes)
+    assert any("run-to-run nondeterminism is part of it" in n for n in f.evidence.notes)
+
+
+def test_some_trials_only_is_mixed_and_only_the_reference_is_not_measured():
+    f = layouts.findings([lay01("allgather", REF, cmp(0)), lay01("allgather", "tp 1 × ep 4", cmp(4, n_differ=2))])
+    assert f[0].status == MIXED and f[1].status == MIXED
+    only_ref = layouts.findings([lay01("allgather", REF, cmp(0))])
+    assert [x.status for x in only_ref] == [NOT_MEASURED]
+    assert layouts.findings([]) == []
+
+
+def test_notebook_01_renders_both_questions_and_neither_reads_the_others_records():
+    recs = [rec01("allgather", "none", cmp(9), cmp(0)), lay01("allgather", REF, cmp(0)),
+            lay01("allgather", "tp 1 × ep 4", cmp(9))]
+    fs = registry.findings(recs)["01"]
+    assert {f.experiment for f in fs} == {"reproduce", "layouts"}
+    assert sum(f.experiment == "reproduce" for f in fs) == 1  # a layout record is not a cross-rank case
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["tp 1 × ep 4", "tp 2 × ep 2", "tp 2 × ep 2 (etp 1)"]),
+                          st.integers(0, 3), st.integers(0, 3)), min_size=0, max_size=3, unique_by=lambda t: t[0]))
+def test_every_status_is_backed_by_its_records(rows):
+    """Generated records: a PASS only where every trial was bitwise equal, FAIL only where every trial differed."""
+    recs = [lay01("allgather", REF, cmp(0))] + [
+        lay01("allgather", lay, cmp(5 if k else 0, trials=3, n_differ=k), rerun=cmp(1 if rk else 0, trials=3,
+                                                                                   n_differ=rk))
+        for lay, k, rk in rows]
+    fs = layouts.findings(recs)
+    per = {f.subject["layout"]: f for f in fs[1:]}
+    for lay, k, _ in rows:
+        assert per[lay].status == (PASS if k == 0 else FAIL if k == 3 else MIXED)
+    if not rows:
+        assert fs[0].status == NOT_MEASURED
+    else:
+        assert fs[0].status == (PASS if all(k == 0 for _, k, _ in rows) else fs[0].status)
+        assert fs[0].status != PASS or all(k == 0 for _, k, _ in rows)
