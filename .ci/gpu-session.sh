@@ -2,7 +2,8 @@
 # How the GPU reports and logs are made: run on an air-gapped GPU node from the repo root, with wheels in .whl/
 # (`moe-lab wheelhouse -o .whl --python 3.12`, minus what the node has) and the node's own CUDA torch.
 # Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
-# STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, report:NN[+NN...], bench, capture
+# STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, presets (every model preset, #23),
+#        report:NN[+NN...], bench, capture
 #        (default: pytest,probe). Other megatron-core releases for notebook 03 come from .whl/releases.
 # REPORT_DIR: where report steps write (default OUTDIR/report; a report folder of the tree continues it);
 # it is packed into OUTDIR/report.tgz at the end (one file to bring back). MOE_LAB_COMMIT: the commit of the tree.
@@ -32,6 +33,17 @@ if has probe; then
   rc=$?
   awk "BEGIN {printf \"probe rc=$rc wall %.1f s (cluster start included)\n\", $EPOCHREALTIME - $start}" | tee -a "$OUT/probe.log"
   tail -3 "$OUT/probe.log"
+fi
+if has presets; then  # every model preset's layer (moe_lab/models.py), full size, one cluster, virtual EP=4 (#23)
+  MODELS=${MODELS:-mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,moonlight-16b-a3b,gpt-oss-20b}
+  for m in ${MODELS//,/ }; do python3 -m moe_lab.cli preflight --model $m --layout ep4 --gpus 1 --seq 1024 \
+    --dispatcher allgather,alltoall --router-dtype none,fp32 --gpu-memory 139; done > "$OUT/preflight.txt" 2>&1
+  start=$EPOCHREALTIME
+  python3 -m moe_lab.cli probe --device cuda --engines 4 --model "$MODELS" --seq 1024 --dispatcher allgather,alltoall \
+    --router-dtype none,fp32 --trials ${PRESET_TRIALS:-3} --json --timeout 600 > "$OUT/presets.jsonl" 2> "$OUT/presets.log"
+  rc=$?
+  awk "BEGIN {printf \"presets rc=$rc wall %.1f s (cluster start included)\n\", $EPOCHREALTIME - $start}" | tee -a "$OUT/presets.log"
+  tail -3 "$OUT/presets.log"
 fi
 for step in ${STEPS//,/ }; do
   if [[ $step == report:* ]]; then

@@ -84,3 +84,13 @@ def layout(s: str):
         return Layout.parse(s)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def model_list(s: str) -> list[str]:
+    """One or more model presets, comma separated, each once (`moe-lab probe --model a,b` probes both on one cluster)."""
+    names = [model(v) for v in s.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{s!r}: give a preset, e.g. qwen3-30b-a3b")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{s!r}: a preset named twice")
+    return names

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from .argtypes import count as _count, model as _model, notebooks as _notebooks, nonempty as _nonempty, \
+from .argtypes import count as _count, model_list as _models, notebooks as _notebooks, nonempty as _nonempty, \
     scale as _scale, seconds as _seconds
 
 logger = logging.getLogger("moe_lab")
@@ -113,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=_count(), default=1)
     p.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms (+NCCL_ALGO=Ring)")
     p.add_argument("--seed-report", action="store_true", help="the seed report's layer: 4096/64 experts/top-6/1024 tokens/ffn 16384")
-    p.add_argument("--model", type=_model, default=None, help="a model preset's layer (moe-lab preflight lists what "
-                                                              "it runs): e.g. qwen3-30b-a3b, deepseek-v3")
+    p.add_argument("--model", type=_models, default=None, help="model presets' layers, comma list, one cluster for "
+                                                               "all (moe-lab preflight lists what each runs): e.g. "
+                                                               "qwen3-30b-a3b,deepseek-v3")
     p.add_argument("--scale", type=_scale, default=1.0, help="with --model: shrink hidden and ffn (e.g. 0.125)")
     p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
@@ -196,7 +197,10 @@ def _probe_configs(a) -> list:
     if a.model:
         from .. import models
 
-        base = models.moe_config(a.model, a.scale, seq_len=a.seq, seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+        bases = [models.moe_config(m, a.scale, seq_len=a.seq, seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+                 for m in a.model]
+        check_cut(a.cut, a.seq, "--cut")
+        return [b.replace(dispatcher=d, router_dtype=r) for b in bases for d in a.dispatcher for r in a.router_dtype]
     elif a.seed_report:
         base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
     else:

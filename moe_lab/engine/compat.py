@@ -374,12 +374,14 @@ def build_moe_layer(cfg, *, ep: int, tp: int, device: str):
     return layer
 
 
-def moe_forward(layer, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """One MoE forward without autograd; returns the output tensor (the bias, always None here, dropped).
+def moe_forward(layer, tokens: torch.Tensor, padding_mask: torch.Tensor | None = None, *,
+                grad: bool = False) -> torch.Tensor:
+    """One MoE forward without autograd (grad=True: with it, as a training step's forward runs — 0.18+ orders the
+    top-k differently then); returns the output tensor, detached (the bias, always None here, dropped).
 
     `padding_mask` ([seq, batch], True = real token) is passed only to releases whose forward takes it.
     """
-    with torch.no_grad():
+    with torch.enable_grad() if grad else torch.no_grad():
         if padding_mask is not None:
             if not supports_padding_mask(layer):
                 raise ValueError(f"megatron-core {installed_version()} MoELayer.forward has no padding_mask")
@@ -387,7 +389,7 @@ def moe_forward(layer, tokens: torch.Tensor, padding_mask: torch.Tensor | None =
             out = layer(tokens, padding_mask=padding_mask.transpose(0, 1))
         else:
             out = layer(tokens)
-    return moe_output(out)
+    return moe_output(out).detach()
 
 
 def moe_output(out):

@@ -67,12 +67,12 @@ def deterministic(on: bool = True):
         torch.use_deterministic_algorithms(prev, warn_only=warn)
 
 
-def forward(layer, tokens, padding_mask=None) -> torch.Tensor:
+def forward(layer, tokens, padding_mask=None, *, grad: bool = False) -> torch.Tensor:
     """One MoE forward (no autograd) of the whole [seq, 1, hidden] input, finished on the device before it returns.
     With sequence parallelism each TP rank feeds its 1/tp of the tokens and the output is gathered over TP (a copy,
     no arithmetic), so every rank returns the whole output whatever the layout."""
     if not getattr(layer.config, "sequence_parallel", False):
-        out = compat.moe_forward(layer, tokens, padding_mask)
+        out = compat.moe_forward(layer, tokens, padding_mask, grad=grad)
         sync()
         return out
     from megatron.core import parallel_state as ps
@@ -80,7 +80,7 @@ def forward(layer, tokens, padding_mask=None) -> torch.Tensor:
     tp, r = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     part = tokens.chunk(tp, dim=0)[r].contiguous()
     mask = padding_mask.chunk(tp, dim=1)[r].contiguous() if padding_mask is not None else None  # [bsz, seq]
-    out = compat.moe_forward(layer, part, mask)
+    out = compat.moe_forward(layer, part, mask, grad=grad)
     return gather_sequence(layer, out)
 
 

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "compound"
 NOTEBOOK = "05"
+FORWARD_GRAD = True  # forward and backward with autograd on, as a training step (records: grad_enabled)
 # setting name → (MoEConfig changes, remedy): what 05 measures on the backward, in this order
 SETTINGS = {
     "plain": ({}, "none"),

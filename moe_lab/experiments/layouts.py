@@ -11,7 +11,8 @@ in the probs dtype by the dispatcher's reduce-scatter), the order of a TP all-re
 Per case and rank the engine computes the reference layout's output once (kept in the engine between cases of the
 same layer; recomputed after a restart or a resume), then `trials` forwards of the case's layout: each against the
 reference (`vs_reference`), against the layout's own first forward (`rerun`: run-to-run), and across ranks
-(`cross_rank`). The first stage that differs from the reference among router.logits → router.probs →
+(`cross_rank`); and once with autograd on, as a training step's forward (`grad_vs_nograd`: megatron-core 0.18+
+sorts the top-k only when grad is enabled, so the two can differ). The first stage that differs from the reference among router.logits → router.probs →
 router.routing_map → the output says whether the routing itself moved. Which stages are compared (`STAGES`) holds
 for every layout: the router's stages are per token and replicated over EP and TP, gathered over TP under sequence
 parallelism; intermediate stages change shape with the layout and are not compared.
@@ -109,8 +110,10 @@ def on_engine(payload: dict) -> dict:
             t["rerun"] = metrics.compare(st["out"], outs[0]) if outs else metrics.identical(st["out"])
             outs.append(st["out"])
             trials.append(t)
+        s = toolkit.setup(payload["moe"])  # a training step's forward: grad enabled (0.18+ sorts the top-k then)
+        grad = toolkit.forward(s.layer, s.tokens, grad=True)
     cross = [toolkit.compare_across_ranks({"out": o}) for o in outs]
-    res = {"rank": toolkit.tdist.get_rank(), "trials": trials}
+    res = {"rank": toolkit.tdist.get_rank(), "trials": trials, "grad_vs_nograd": metrics.compare(grad, outs[0])}
     if cross[0] is not None:
         res["cross_rank"] = [metrics.worst(list(c["out"]["pairs"].values())) if c["out"].get("applicable", True)
                              else c["out"] for c in cross]
@@ -147,7 +150,8 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
              "rerun": metrics.over_trials(per_trial("rerun")),
              "cross_rank": metrics.over_trials(per_rank[0].get("cross_rank") or [{"applicable": False,
                                                                                   "reason": "one rank"}]),
-             "stages_vs_reference": stages, "first_divergent_stage": first}]
+             "stages_vs_reference": stages, "first_divergent_stage": first,
+             "grad_vs_nograd": metrics.worst([r["grad_vs_nograd"] for r in per_rank])}]
 
 
 def verdict(records: list[dict]) -> str:

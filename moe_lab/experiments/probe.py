@@ -36,7 +36,8 @@ def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False
     return Case(experiment=experiment, moe=cfg, cut=cut, knobs=dict(trials=trials, detail=detail, repeats=repeats,
                                                                     **knobs),
                 release=release, deterministic_env=deterministic_env,
-                label=f"{cfg.dispatcher}/{cfg.router_dtype}" + ("/det" if cfg.deterministic else ""))
+                label=(f"{cfg.model} " if cfg.model else "") + f"{cfg.dispatcher}/{cfg.router_dtype}"
+                + ("/det" if cfg.deterministic else ""))
 
 
 def run(cluster, cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 0,
@@ -147,15 +148,23 @@ def _worst_trial_tokens(r: dict) -> list[int]:
 def headline(rec: dict) -> str:
     """One line a person reads: per comparison, the bitwise verdict with mismatch and max ULP."""
     parts = [f"{name}: {describe_cmp(rec[name])}" for name in COMPARISONS]
-    return (f"{rec['dispatcher']}/router {rec['router_dtype']}{' det' if rec['deterministic'] else ''} — "
-            + "; ".join(parts))
+    model = (rec.get("config") or {}).get("model")
+    return (f"{model + ': ' if model else ''}{rec['dispatcher']}/router {rec['router_dtype']}"
+            f"{' det' if rec['deterministic'] else ''} — " + "; ".join(parts))
 
 
 def verdict(records: list[dict]) -> str:
-    """`moe-lab probe`'s summary: notebook 01's findings over the probe's records, rendered."""
+    """`moe-lab probe`'s summary: notebook 01's findings over the probe's records, rendered — one block per layer when
+    several were probed (`--model a,b`), titled with the layer (its preset and features)."""
     from ..findings import render, reproduce as found
+    from ..findings.model import subject_of
 
-    return render.verdict(found.findings(records))
+    by_layer: dict[str, list[dict]] = {}
+    for r in records:
+        by_layer.setdefault(subject_of(r)["layer"], []).append(r)
+    if len(by_layer) <= 1:
+        return render.verdict(found.findings(records))
+    return "\n\n".join(render.verdict(found.findings(rs), title=f"{layer}:") for layer, rs in by_layer.items())
 
 
 __all__ = ["case", "cases", "on_engine", "records", "summarise", "describe_cmp", "headline", "verdict",

@@ -328,6 +328,7 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = []
     layout = layout_fields(case.moe, env.get("world"))
+    layout["grad_enabled"] = bool(getattr(experiment, "FORWARD_GRAD", False))  # how the compared forwards ran
     for r in experiment.records(case, per_rank):
         out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), **layout, "label": case.label,
                     "case_key": key, "case_wall_s": wall, **r})

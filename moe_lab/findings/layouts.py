@@ -31,6 +31,10 @@ def _one(r: dict) -> Finding:
             ev.notes.append("the routing map is the reference's in every trial: only the arithmetic's order moved"
                             if rk == 0 else
                             f"the routing itself moved: {describe(routing, 'routing-map entries')}")
+    g = r.get("grad_vs_nograd")
+    if applicable(g) and not g.get("bitwise_equal", True):
+        ev.notes.append(f"with grad enabled (a training step's forward) the output differs from the no-grad forward "
+                        f"compared here: {describe(g, 'output elements')} — a training job sees the grad-enabled one")
     if rerun_k:
         ev.notes.append(f"a rerun of this layout differs too ({rerun_k} of {n} trials): run-to-run nondeterminism is "
                         "part of it")
@@ -56,6 +60,12 @@ def _summary(sub: list[dict], per: list[Finding]) -> list[Finding]:
     ev = Evidence(records=case_keys(sub))
     if ref is not None:  # the control: the reference against itself, run again
         ev.notes.append(f"the reference against its own stored output: {describe(ref['vs_reference'])}")
+    gs = [r["grad_vs_nograd"] for r in sub if applicable(r.get("grad_vs_nograd"))]
+    if gs:
+        bad = sum(not g["bitwise_equal"] for g in gs)
+        ev.notes.append(f"forwards compared with grad disabled; with grad enabled (a training step) the output is the "
+                        f"same bits in {len(gs) - bad} of {len(gs)} layout(s)"
+                        + (" — a training job sees the grad-enabled bits" if bad else ""))
     return [Finding(EXPERIMENT, QUESTION, subj, status, claim, ev, card=r0["router_dtype"] == "none",
                     commits=commits_of(sub))]
 
