@@ -6,8 +6,8 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig, check_cut,
-                     seconds_ok)
+from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig, TrainParams,
+                     check_cut, seconds_ok)
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
@@ -16,7 +16,7 @@ _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dt
                            "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
                            "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
                            "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
-                           "truncation_tiles"}
+                           "truncation_tiles", "training"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -55,6 +55,7 @@ def check(params: dict, where: str = "parameters") -> None:
         if bad or not vals:
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
     base_moe(params)  # MoEConfig checks sizes
+    TrainParams.from_dict(params.get("training"), where)  # notebook 06's object, checked against its dataclass
     rel = params.get("releases", [])
     if isinstance(rel, str):
         rel = params["releases"] = [v for v in rel.split(",") if v]

@@ -441,3 +441,25 @@ def fp32_gather_grad_reduce():
         yield
     finally:
         td.gather_from_sequence_parallel_region = orig
+
+
+# ---------------------------------------------------------------------------------------------- training (#24)
+
+
+@contextlib.contextmanager
+def capture_routing(router, keep):
+    """Call keep(logits, routing_map) on every routing decision of `router` inside the block: its `routing(logits,
+    ...)` method (0.11-0.19: `forward` computes `logits = self.gating(input)` and hands them to `self.routing`, which
+    returns (probs, routing_map [tokens, experts] bool)) is wrapped on the instance, never in megatron's class."""
+    orig = router.routing
+
+    def routing(logits, *a, **k):
+        probs, routing_map = orig(logits, *a, **k)
+        keep(logits, routing_map)
+        return probs, routing_map
+
+    router.routing = routing
+    try:
+        yield
+    finally:
+        del router.routing  # the class's method again

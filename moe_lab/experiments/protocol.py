@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import ClusterConfig, MoEConfig, check_cut
+from ..config import ClusterConfig, Layout, MoEConfig, check_cut
 from ..reporting import results as results_file
 from ..reporting.results import latest  # noqa: F401 - the records a notebook's latest run showed
 
@@ -61,10 +61,16 @@ class Case:
     engine_env: tuple[tuple[str, str], ...] = ()
     """More environment variables the engines must start with (e.g. CUBLAS_WORKSPACE_CONFIG, read once per process)."""
     label: str = ""
+    layout: Layout | None = None
+    """How the layer is split over the world (tp, ep, etp, sequence parallel; the rest data parallel). None: the
+    layer's own `moe.ep` / `moe.tp` over the whole world (every experiment before #24)."""
 
     def payload(self) -> dict:
         """What the engines get: plain data (pickled by value), no objects."""
-        return {"moe": self.moe.asdict(), "cut": self.cut, "kind": self.kind, "knobs": dict(self.knobs)}
+        out = {"moe": self.moe.asdict(), "cut": self.cut, "kind": self.kind, "knobs": dict(self.knobs)}
+        if self.layout is not None:
+            out["layout"] = self.layout.asdict()
+        return out
 
     def fields(self) -> dict:
         """The record fields that say which case this is (flattened for tidy DataFrames)."""
@@ -72,7 +78,9 @@ class Case:
         return {"experiment": self.experiment, "kind": self.kind, "config": m.asdict(), "cut": self.cut,
                 "dispatcher": m.dispatcher, "router_dtype": m.router_dtype, "deterministic": m.deterministic,
                 "probs_fp32_gather": m.probs_fp32_gather, "knobs": dict(self.knobs),
-                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))}}
+                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))},
+                **({"layout": self.layout.asdict(), "tp": self.layout.tp, "ep": self.layout.ep, "etp": self.layout.etp,
+                    "sequence_parallel": self.layout.sequence_parallel} if self.layout is not None else {})}
 
 
 def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> None:
@@ -141,9 +149,12 @@ def key_fields(case: Case, env: dict, ccfg: ClusterConfig) -> dict:
     switches = {**dict(ccfg.env), **dict(case.engine_env)}
     if case.deterministic_env and ccfg.device == "cuda":
         switches.update(NCCL_ALGO="Ring", CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    return {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(), "cut": case.cut,
-            "knobs": case.knobs, **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
-            "source": provenance.code_version()["source_sha"]}
+    out = {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(), "cut": case.cut,
+           "knobs": case.knobs, **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
+           "source": provenance.code_version()["source_sha"]}
+    if case.layout is not None:  # only then: the keys of every earlier experiment stay what they were
+        out["layout"] = case.layout.asdict()
+    return out
 
 
 def environment(cluster) -> dict:
@@ -181,6 +192,8 @@ def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[i
             skip[id(c)] = why
             continue
         check_case(c.moe, ccfg.engines, version, c.cut)
+        if c.layout is not None:
+            c.layout.check(ccfg.engines, c.moe.num_experts)
     return skip
 
 
