@@ -95,11 +95,15 @@ def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
     return out
 
 
-class Trainer:
-    """The DP step of one stack on this rank (see the module docstring). `grad_scale` multiplies megatron's 1/DP
-    (1.0: megatron's; anything else is the wrong-scale control of the tests)."""
+EXPERT_SCALES = ("dp", "expert_dp")
+"""What expert gradients are divided by before their sum: 'dp' (megatron: world / tp) or 'expert_dp' (the size of
+the group they are summed over — a plausible mistake, equal to 'dp' at EP=1 only: the tests' wrong-scale control)."""
 
-    def __init__(self, stack, *, optim: Optim, grad_reduce_fp32: bool = False, expert_grad_scale: float = 1.0):
+
+class Trainer:
+    """The DP step of one stack on this rank (see the module docstring)."""
+
+    def __init__(self, stack, *, optim: Optim, grad_reduce_fp32: bool = False, expert_scale: str = "dp"):
         from megatron.core import parallel_state as ps
 
         self.stack, self.optim = stack, optim
@@ -108,7 +112,9 @@ class Trainer:
         self.ep_group = ps.get_expert_model_parallel_group()
         self.dp = tdist.get_world_size(self.dense_group)
         self.grad_reduce_fp32 = grad_reduce_fp32
-        self.expert_grad_scale = expert_grad_scale
+        if expert_scale not in EXPERT_SCALES:
+            raise ValueError(f"expert_scale ({expert_scale!r}) must be one of {', '.join(EXPERT_SCALES)}")
+        self.expert_div = self.dp if expert_scale == "dp" else tdist.get_world_size(self.expert_group)
         main_dtype = torch.float64 if stack[0].router.weight.dtype == torch.float64 else torch.float32
         self.params = [_Param(n, p, p.detach().clone().to(main_dtype), e) for n, p, e in named_params(stack)]
         self._projections: dict[str, torch.Tensor] = {}
@@ -154,7 +160,7 @@ class Trainer:
             dtype = torch.float32 if self.grad_reduce_fp32 and ps_[0].model.dtype != torch.float64 else ps_[0].model.dtype
             flat = torch.cat([(q.model.grad if q.model.grad is not None else torch.zeros_like(q.model))
                               .reshape(-1).to(dtype) for q in ps_])
-            flat.mul_((self.expert_grad_scale if expert else 1.0) / self.dp)
+            flat.mul_(1.0 / (self.expert_div if expert else self.dp))
             if tdist.get_world_size(group) > 1:
                 tdist.all_reduce(flat, group=group)
             off = 0
@@ -218,13 +224,19 @@ def routing(stack, sink: list[list]):
     with contextlib.ExitStack() as st:
         for i, lyr in enumerate(stack):
             def keep(logits, routing_map, i=i, k=lyr.config.moe_router_topk):
-                lg = logits.detach().float().reshape(routing_map.shape[0], -1)
-                top = torch.sort(lg, dim=1, descending=True).values
-                margin = top[:, k - 1] - top[:, k] if lg.shape[1] > k else torch.full_like(top[:, 0], math.inf)
-                idx = routing_map.nonzero()[:, 1].reshape(routing_map.shape[0], -1)
-                sink[i].append((idx.to(torch.uint8).cpu(), margin.cpu()))
+                sink[i].append(topk_and_margin(logits, routing_map, k))
             st.enter_context(compat.capture_routing(lyr.router, keep))
         yield
+
+
+def topk_and_margin(logits: torch.Tensor, routing_map: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: its top-k experts (ascending, uint8, from megatron's routing map [tokens, experts]) and the margin
+    of the top-k boundary: the k-th largest router logit minus the (k+1)-th (fp32; inf with k = experts)."""
+    lg = logits.detach().float().reshape(routing_map.shape[0], -1)
+    top = torch.sort(lg, dim=1, descending=True).values
+    margin = top[:, k - 1] - top[:, k] if lg.shape[1] > k else torch.full_like(top[:, 0], math.inf)
+    idx = routing_map.nonzero()[:, 1].reshape(routing_map.shape[0], -1)
+    return idx.to(torch.uint8).cpu(), margin.cpu()
 
 
 def batch(cfg: MoEConfig, step: int, tokens: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,4 +259,4 @@ def shard(t: torch.Tensor, rank: int, n: int) -> torch.Tensor:
 
 
 __all__ = ["Optim", "Trainer", "build_stack", "named_params", "combine_weights", "routing", "batch", "shard",
-           "SKETCH", "PRECISIONS"]
+           "SKETCH", "PRECISIONS", "EXPERT_SCALES", "topk_and_margin"]

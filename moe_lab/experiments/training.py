@@ -45,10 +45,10 @@ def params_of(params: dict) -> TrainParams:
     return TrainParams.from_dict(params.get("training"))
 
 
-def cases(params: dict, *, precision: str = "bf16", expert_grad_scale: float = 1.0) -> list[Case]:
+def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") -> list[Case]:
     """Plain: the first stack x deterministic x layout x run, the other stacks in the last-listed mode x layout x
     run; each other setting: the first stack, the last-listed mode, every layout, one run. `precision` ('fp64': the arithmetic test) and
-    `expert_grad_scale` (not 1: the wrong-scale control) are for the tests; both are in every record and its key."""
+    `expert_scale` ('expert_dp': the wrong-scale control, engine.train.EXPERT_SCALES) are for the tests; both are in every record and its key."""
     from .. import profiles
 
     tp = params_of(params)
@@ -62,7 +62,7 @@ def cases(params: dict, *, precision: str = "bf16", expert_grad_scale: float = 1
     world = profiles.cluster_config(params).engines
     release = profiles.release(params)
     common = {"steps": tp.steps, "tokens": tp.tokens, "lr": tp.lr, "precision": precision,
-              "expert_grad_scale": expert_grad_scale}
+              "expert_scale": expert_scale, "reference_ep": tp.eps[0]}
     out = []
     for name in tp.settings:
         changes, remedy = SETTINGS[name]
@@ -132,7 +132,7 @@ def engine_train(payload: dict) -> dict:
     fp32_reduce = "fp32_grad_reduce" in remedy.split("+")
     stack = train.build_stack(cfg, kn["layers"], ep=lay["ep"], precision=kn["precision"])
     tr = train.Trainer(stack, optim=train.Optim(lr=kn["lr"]), grad_reduce_fp32=fp32_reduce,
-                       expert_grad_scale=kn.get("expert_grad_scale", 1.0))
+                       expert_scale=kn.get("expert_scale", "dp"))
     dp_rank, dp = ps.get_data_parallel_rank(), tr.dp
     dtype = train.PRECISIONS[kn["precision"]]
     dev = STATE["torch_device"]
@@ -189,7 +189,8 @@ def _assemble(every: list[dict], kn: dict, k: int) -> dict:
 
 
 def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dtype, dev):
-    """Paired rounds: one step of the case's setting vs one step of the plain setting, same layout and mode."""
+    """Paired rounds (rotating order): one step of the case's setting, one of the plain setting (same layout and mode)
+    and the plain step again (the A/A noise floor)."""
     import torch
 
     from .. import provenance
@@ -206,7 +207,9 @@ def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dty
             tr.step(xs, ys)
 
     with toolkit.deterministic(cfg.deterministic):
-        times = toolkit.paired_rounds({"case": case_step, "plain": lambda: plain.step(xs, ys)}, rounds)
+        # "again": the plain step a second time, its A/A noise floor
+        times = toolkit.paired_rounds({"case": case_step, "plain": lambda: plain.step(xs, ys),
+                                       "again": lambda: plain.step(xs, ys)}, rounds, rotate=True)
         env = {**provenance.numerics_env(), "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     return times, env
 
@@ -224,8 +227,10 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
         return [{"available": False, "reason": r0.get("reason")}]
     rec = {"available": True, "dp": r0["dp"], "expert_dp": r0["expert_dp"], **{k: r0[k] for k in _PER_CASE}}
     if "times" in r0:
-        rec["cost"] = stats.paired_cost([r["times"] for r in per_rank], "case", "plain",
+        times = [r["times"] for r in per_rank]
+        rec["cost"] = stats.paired_cost(times, "case", "plain",
                                         environment={**r0.get("env", {}), "remedy": case.knobs.get("remedy", "none")})
+        rec["floor"] = stats.paired_cost(times, "again", "plain")
     return [rec]
 
 
