@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import compound, localise, promotion, reproduce, truncation
+from . import compound, localise, promotion, reproduce, training, truncation
 from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Finding
 
 
@@ -27,6 +27,8 @@ EXPERIMENTS = (
                truncation.findings),
     Experiment("05", compound.EXPERIMENT, "Do the gradients agree too, and how do differences grow with depth?",
                compound.findings),
+    Experiment("06", training.EXPERIMENT, "Trained at EP 1, 2, 4: how soon and how far do runs part, and why?",
+               training.findings),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
