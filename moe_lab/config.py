@@ -306,10 +306,12 @@ class TrainParams:
 
     @classmethod
     def from_dict(cls, d: dict | None, where: str = "parameters") -> "TrainParams":
-        """From a profile's "training" object: an unknown key is an error naming the allowed ones."""
+        """From a profile's "training" object ('_'-keys are comments): an unknown key is an error naming the allowed
+        ones."""
         d = d or {}
         if not isinstance(d, dict):
             raise ValueError(f"{where}: training ({d!r}) must be a JSON object of {sorted(cls.__dataclass_fields__)}")
+        d = {k: v for k, v in d.items() if not k.startswith("_")}
         unknown = set(d) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"{where}: training has unknown key(s) {sorted(unknown)}; allowed: "
