@@ -463,3 +463,41 @@ def capture_routing(router, keep):
         yield
     finally:
         del router.routing  # the class's method again
+
+
+def megatron_ddp_and_optimizer(module, transformer_config, *, lr: float, weight_decay: float, betas: tuple,
+                               eps: float, clip_grad: float, grad_reduce_in_fp32: bool = False):
+    """megatron-core's own DistributedDataParallel around `module` and get_megatron_optimizer over it (Adam, bf16
+    params with fp32 main weights, no distributed optimizer, no overlap): the reference the lab's training step
+    (engine/train.py) is tested against. NCCL with one rank per GPU only — over gloo megatron's bucket sync fails
+    ("ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda", at world 1 too) and the optimizer
+    allocates on 'cuda' (no CPU run). 0.16: DistributedDataParallel(config, ddp_config, module);
+    get_megatron_optimizer(config, model_chunks)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    if not torch.cuda.is_available() or not torch.distributed.get_backend() == "nccl":
+        raise ValueError("megatron's DistributedDataParallel + optimizer run on NCCL with one rank per GPU only "
+                         "(gloo: allreduce_coalesced rejects CUDA tensors; CPU: the optimizer allocates on 'cuda')")
+    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False,
+                                            use_distributed_optimizer=False)
+    model = DistributedDataParallel(config=transformer_config, ddp_config=ddp_cfg, module=module)
+    dtype = next(module.parameters()).dtype
+    opt_cfg = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=betas[0],
+                              adam_beta2=betas[1], adam_eps=eps, clip_grad=clip_grad, bf16=dtype == torch.bfloat16,
+                              params_dtype=dtype, use_distributed_optimizer=False)
+    return model, get_megatron_optimizer(opt_cfg, [model])
+
+
+def megatron_train_step(model, optimizer, loss_fn) -> tuple[float, float]:
+    """One step of megatron's own: zero the grad buffers, loss_fn(model).backward(), finish the grad sync, step.
+    Returns (loss, grad norm) — `optimizer.step()` returns (success, grad_norm, num_zeros) from 0.11 on."""
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    loss = loss_fn(model)
+    loss.backward()
+    model.finish_grad_sync()
+    ok, norm, _ = optimizer.step()
+    if not ok:
+        raise RuntimeError("megatron's optimizer skipped the step (inf/nan gradients)")
+    return float(loss.detach()), float(norm)

@@ -106,7 +106,7 @@ class Trainer:
     def __init__(self, stack, *, optim: Optim, grad_reduce_fp32: bool = False, expert_scale: str = "dp"):
         from megatron.core import parallel_state as ps
 
-        self.stack, self.optim = stack, optim
+        self.stack, self.layers, self.optim = stack, stack, optim
         self.dense_group = ps.get_data_parallel_group()
         self.expert_group = ps.get_expert_data_parallel_group()
         self.ep_group = ps.get_expert_model_parallel_group()
@@ -122,11 +122,8 @@ class Trainer:
                                      betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The stack with residual connections: h <- h + moe_i(h)."""
-        h = x
-        for lyr in self.stack:
-            h = h + compat.moe_output(lyr(h))
-        return h
+        """The stack with residual connections: h <- h + moe_i(h) (StackModule's forward)."""
+        return StackModule.forward(self, x)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         """One optimizer step on this rank's share (x, y) of the global batch; returns this rank's local loss (the
@@ -258,5 +255,60 @@ def shard(t: torch.Tensor, rank: int, n: int) -> torch.Tensor:
     return t[rank * per:(rank + 1) * per]
 
 
+
+
+class StackModule(torch.nn.Module):
+    """The stack as one module (what megatron's DistributedDataParallel wraps): h <- h + moe_i(h)."""
+
+    def __init__(self, stack):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(stack)
+
+    def forward(self, x):
+        h = x
+        for lyr in self.layers:
+            h = h + compat.moe_output(lyr(h))
+        return h
+
+
+def versus_megatron(payload: dict) -> dict:
+    """Engine side of the GPU test (#24): the same stack, weights and batches through megatron's own
+    DistributedDataParallel + get_megatron_optimizer and through `Trainer`; per step both losses and gradient norms,
+    and after the last step every weight compared (metrics.compare). payload: moe (a MoEConfig dict), layers, steps,
+    tokens, lr, grad_reduce_fp32, and lr_factor (the control: the lab's run with another learning rate)."""
+    from megatron.core import parallel_state as ps
+
+    cfg = MoEConfig(**payload["moe"])
+    ep = cfg.resolved_ep(tdist.get_world_size())
+    opt = Optim(lr=payload["lr"])
+    ours = Trainer(build_stack(cfg, payload["layers"], ep=ep),
+                   optim=Optim(lr=payload["lr"] * payload.get("lr_factor", 1.0)),
+                   grad_reduce_fp32=payload.get("grad_reduce_fp32", False))
+    mstack = build_stack(cfg, payload["layers"], ep=ep)
+    module = StackModule(mstack)
+    model, optimizer = compat.megatron_ddp_and_optimizer(
+        module, mstack[0].config, lr=opt.lr, weight_decay=opt.weight_decay, betas=(opt.adam_beta1, opt.adam_beta2),
+        eps=opt.adam_eps, clip_grad=opt.clip_grad, grad_reduce_in_fp32=payload.get("grad_reduce_fp32", False))
+    dp_rank, dp = ps.get_data_parallel_rank(), ours.dp
+    out = {"lab": [], "megatron": []}
+    for t in range(payload["steps"]):
+        x, y = batch(cfg, t, payload["tokens"], torch.bfloat16, STATE["torch_device"])
+        xs, ys = shard(x, dp_rank, dp), shard(y, dp_rank, dp)
+        out["lab"].append(ours.step(xs, ys))
+
+        def loss_fn(m, xs=xs, ys=ys):
+            with torch.enable_grad():
+                d = m(xs).to(ys.dtype) - ys
+                return (d * d).mean()
+
+        loss, norm = compat.megatron_train_step(model, optimizer, loss_fn)
+        out["megatron"].append({"loss": loss, "grad_norm": norm})
+    mine = {n: p for n, p, _ in named_params(ours.stack)}
+    theirs = {n: p for n, p, _ in named_params(mstack)}
+    out["weights"] = {n: metrics.compare(mine[n].detach(), theirs[n].detach()) for n in sorted(mine)}
+    out["rank"] = tdist.get_rank()
+    return out
+
+
 __all__ = ["Optim", "Trainer", "build_stack", "named_params", "combine_weights", "routing", "batch", "shard",
-           "SKETCH", "PRECISIONS", "EXPERT_SCALES", "topk_and_margin"]
+           "SKETCH", "PRECISIONS", "EXPERT_SCALES", "topk_and_margin", "StackModule", "versus_megatron"]

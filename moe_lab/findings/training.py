@@ -237,20 +237,21 @@ def _fix(sub: list[dict]) -> list[Finding]:
         others = [r for r in rs if r is not ref and r["run"] == 0]
         if ref is None or not others:
             continue
-        ok = all(first_difference(r, ref) is None for r in others)
         timed = next((r for r in rs if r.get("cost")), None)
         c = cost(timed["cost"], timed.get("floor"), timed) if timed else None
-        if ok:
+        ts = [first_difference(r, ref) for r in others]
+        if all(t is None for t in ts):
             holds.append(name)
             costs[name] = c
         else:
-            ts = [first_difference(r, ref) for r in others]
-            said.append(f"{name}: parts after step {min(t for t in ts if t is not None)}")
+            said.append(f"{name}: parts after step {min(t for t in ts if t is not None)}"
+                        + (f" (cost per step {c.text()})" if c is not None else ""))
     r0 = avail[0]
     subj = subject_of(r0)
     K = len(r0["loss"])
     ch = choose([(n, costs[n]) for n in holds], simplicity)
-    claim = (f"trajectories bitwise equal across layouts for {K} steps — " + choice_text(ch, costs)
+    claim = (f"trajectories bitwise equal across layouts for {K} steps — "
+             + (choice_text(ch, costs) if ch["name"] else f"no setting tried holds ({len(said)} tried)")
              + (f"; not: {'; '.join(said)}" if said else ""))
     keys = case_keys([r for n in (holds or list(tried)) for r in tried[n]])
     return [Finding(EXPERIMENT, FIX, subj, PASS if ch["name"] else FAIL, claim, Evidence(records=keys, cost=ch["cost"]),
