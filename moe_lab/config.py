@@ -265,7 +265,9 @@ class TrainParams:
     eps: tuple[int, ...] = (1, 2, 4)
     """Expert-parallel sizes compared (the first is the reference layout); the rest of the world is data parallel."""
     reruns: int = 2
-    """Runs of every plain layout (run 1 is the rerun: the run-to-run effect)."""
+    """Runs of every plain layout of the first stack (run 1 is the rerun: the run-to-run effect)."""
+    deep_reruns: int = 2
+    """Runs of every layout of the other stacks (1: no rerun there; their run-to-run finding then says so)."""
     deterministic: tuple[bool, ...] = (False, True)
     """torch deterministic algorithms off / on for the first stack's plain layouts (other cases: the last listed)."""
     settings: tuple[str, ...] = ("plain", "router fp32", "router fp32 + fp32 grad reduce")
@@ -284,7 +286,7 @@ class TrainParams:
     """Paired timing rounds (case step vs plain step) per remedy, at the largest EP; 0: no cost."""
 
     def __post_init__(self):
-        for name in ("steps", "tokens", "reruns"):
+        for name in ("steps", "tokens", "reruns", "deep_reruns"):
             _positive(name, getattr(self, name))
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "cost_rounds"):
             v = getattr(self, name)

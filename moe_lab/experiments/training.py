@@ -46,8 +46,8 @@ def params_of(params: dict) -> TrainParams:
 
 
 def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") -> list[Case]:
-    """Plain: the first stack x deterministic x layout x run, the other stacks in the last-listed mode x layout x
-    run; each other setting: the first stack, the last-listed mode, every layout, one run. `precision` ('fp64': the arithmetic test) and
+    """Plain: the first stack x deterministic x layout x `reruns` runs, the other stacks in the last-listed mode x
+    layout x `deep_reruns` runs; each other setting: the first stack, the last-listed mode, every layout, one run. `precision` ('fp64': the arithmetic test) and
     `expert_scale` ('expert_dp': the wrong-scale control, engine.train.EXPERT_SCALES) are for the tests; both are in every record and its key."""
     from .. import profiles
 
@@ -68,8 +68,8 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
         changes, remedy = SETTINGS[name]
         stacks = tp.stacks if name == REFERENCE else tp.stacks[:1]
         dets = tp.deterministic if name == REFERENCE else tp.deterministic[-1:]
-        runs = range(tp.reruns) if name == REFERENCE else range(1)
         for si, layers in enumerate(stacks):
+            runs = range(1) if name != REFERENCE else range(tp.reruns if si == 0 else tp.deep_reruns)
             for det in (dets if si == 0 else dets[-1:]):
                 for ep in tp.eps:
                     lay = Layout(ep=ep)
@@ -81,7 +81,7 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
                         timed = name != REFERENCE and ep == max(tp.eps) and run == 0 and tp.cost_rounds > 0
                         out.append(Case(
                             experiment=NAME, kind="train", moe=base.replace(deterministic=det, **changes),
-                            release=release, layout=lay,
+                            release=release, layout=lay, deterministic_env=det,
                             label=f"{name}, {layers} layer(s), ep {ep}, {'det' if det else 'nondet'}, run {run}",
                             knobs={**common, "setting": name, "remedy": remedy, "layers": layers, "run": run,
                                    "rounds": tp.cost_rounds if timed else 0}))

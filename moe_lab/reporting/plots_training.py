@@ -31,7 +31,8 @@ def _panels(df: pd.DataFrame, y: str, ylabel: str, title: str):
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False, sharey=True)
     for ax, p in zip(axes.flat, panels):
         sub = df[df["panel"] == p]
-        sns.lineplot(data=sub, x="step", y="y", hue="what", style="what", ax=ax, markers=False, linewidth=1.2)
+        sns.lineplot(data=sub, x="step", y="y", hue="what", style="what", ax=ax, markers=False, linewidth=1.2,
+                     errorbar=None)
         ax.set_yscale("log")
         ax.set_title(p, fontsize=9)
         ax.set_ylabel(ylabel)
@@ -77,7 +78,7 @@ def routing_flips(records: list[dict], setting: str = "plain"):
             if sub.empty:
                 ax.set_axis_off()
                 continue
-            sns.lineplot(data=sub, x="step", y="flips", hue="what", ax=ax, linewidth=1.2)
+            sns.lineplot(data=sub, x="step", y="flips", hue="what", ax=ax, linewidth=1.2, errorbar=None)
             of = int(sub["of"].iloc[0])
             ax.set_title(f"{rw}: layer {j + 1} (of {of} top-k slots)", fontsize=9)
             ax.set_ylabel("flipped fraction")
