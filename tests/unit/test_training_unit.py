@@ -114,3 +114,22 @@ def test_nothing_measured_is_not_measured():
     del broken["loss_hex"]
     (f, *_), = [[f for f in ft.findings([train06(1), broken]) if f.question == ft.QUESTION]]
     assert f.status == NOT_MEASURED and "missing field 'loss_hex'" in f.claim
+
+
+def test_the_layout_is_on_the_case_stamped_on_its_records_and_in_its_key():
+    """#24: a case's Layout reaches the engines (payload), every record (fields) and the key; a case without one keeps
+    the key it always had (no 'layout' field), so earlier experiments' records are still reused."""
+    from moe_lab.config import ClusterConfig, MoEConfig
+    from moe_lab.experiments import protocol
+    from moe_lab.experiments.protocol import Case
+
+    cpu = ClusterConfig(device="cpu", engines=4)
+    env = {"device": "cpu", "world": 4, "backend": "gloo", "megatron_core": "0.16.1"}
+    plain = Case(experiment="training", moe=MoEConfig())
+    ep2, ep4 = (Case(experiment="training", moe=MoEConfig(), layout=Layout(ep=e)) for e in (2, 4))
+    assert "layout" not in protocol.key_fields(plain, env, cpu) and "layout" not in plain.payload()
+    assert ep2.payload()["layout"]["ep"] == 2 and (ep2.fields()["ep"], ep2.fields()["layout"]["etp"]) == (2, 1)
+    keys = {protocol.case_key(c, env, cpu) for c in (plain, ep2, ep4)}
+    assert len(keys) == 3  # control: the layout changes the key
+    with pytest.raises(ValueError, match=r"ep \(3\) \* tp \(1\) must divide the world size \(4\)"):
+        protocol.check_all([Case(experiment="training", moe=MoEConfig(num_experts=12), layout=Layout(ep=3))], cpu)
