@@ -42,18 +42,19 @@ def _gaps(res) -> dict:
 
 @pytest.mark.parametrize("grad_reduce_fp32", [False, True])
 def test_the_lab_step_matches_megatrons_ddp_and_optimizer(one_rank, grad_reduce_fp32):
-    """To rounding: the same loss at step 1 bit for bit (same weights, same batch), and over the steps the losses and
-    gradient norms within 1e-3 relative, the bf16 weights within 1 ULP (torch AdamW vs TE / apex FusedAdam may round
-    the fp32 main weights differently)."""
+    """To rounding: the same loss at step 1 bit for bit (same weights, same batch); over the steps the losses and
+    gradient norms within 1e-3 relative and at most 0.1 % of any weight tensor's bf16 elements differing (megatron's
+    norm kernel, or TE / apex FusedAdam where installed, may round the fp32 main weights differently; Adam turns a
+    flipped bf16 weight into a visible change a step later). Every figure is printed for the log."""
     res, worst = _run(one_rank, grad_reduce_fp32=grad_reduce_fp32)
     assert res["lab"][0]["loss"] == res["megatron"][0]["loss"]
     gaps = _gaps(res)
     print("gaps", gaps)
     assert gaps["loss"] < 1e-3 and gaps["grad_norm"] < 1e-3, gaps
-    assert worst["max_ulp"] <= 1, worst
+    assert worst["mismatch_frac"] <= 1e-3, worst
 
 
 def test_control_another_learning_rate_is_told_apart(one_rank):
     res, worst = _run(one_rank, lr_factor=2.0)
     assert res["lab"][0]["loss"] == res["megatron"][0]["loss"]  # before the first update: equal
-    assert worst["max_ulp"] > 1 and worst["mismatch_frac"] > 0.01, worst
+    assert worst["mismatch_frac"] > 0.1, worst  # Adam steps ~lr per element: twice the lr moves most weights
