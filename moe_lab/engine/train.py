@@ -154,7 +154,8 @@ class Trainer:
             ps_ = [q for q in self.params if q.expert == expert]
             if not ps_:
                 continue
-            dtype = torch.float32 if self.grad_reduce_fp32 and ps_[0].model.dtype != torch.float64 else ps_[0].model.dtype
+            own = ps_[0].model.dtype
+            dtype = torch.float32 if self.grad_reduce_fp32 and own != torch.float64 else own
             flat = torch.cat([(q.model.grad if q.model.grad is not None else torch.zeros_like(q.model))
                               .reshape(-1).to(dtype) for q in ps_])
             flat.mul_(1.0 / (self.expert_div if expert else self.dp))

@@ -47,8 +47,9 @@ def params_of(params: dict) -> TrainParams:
 
 def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") -> list[Case]:
     """Plain: the first stack x deterministic x layout x `reruns` runs, the other stacks in the last-listed mode x
-    layout x `deep_reruns` runs; each other setting: the first stack, the last-listed mode, every layout, one run. `precision` ('fp64': the arithmetic test) and
-    `expert_scale` ('expert_dp': the wrong-scale control, engine.train.EXPERT_SCALES) are for the tests; both are in every record and its key."""
+    layout x `deep_reruns` runs; each other setting: the first stack, the last-listed mode, every layout, one run.
+    `precision` ('fp64': the arithmetic test) and `expert_scale` ('expert_dp': the wrong-scale control,
+    engine.train.EXPERT_SCALES) are for the tests; both are in every record and its key."""
     from .. import profiles
 
     tp = params_of(params)
@@ -100,7 +101,9 @@ def _pack(t, dtype) -> str:
 
 
 @contextlib.contextmanager
-def _setting(stack, remedy: str, grad_reduce_fp32: bool):
+def _setting(stack, remedy: str):
+    """The case's remedy for the block (compound's: '+'-joined; megatron's options and the lab's toggles patch
+    module attributes, so entering them once, with the first layer, covers the whole stack)."""
     from .compound import _remedy
 
     with (_remedy(stack[0], remedy, "full") if remedy != "none" else contextlib.nullcontext()):
@@ -138,7 +141,7 @@ def engine_train(payload: dict) -> dict:
     dev = STATE["torch_device"]
     sink: list[list] = [[] for _ in stack]
     steps, weights = [], [tr.weights(cfg.seed)]
-    with toolkit.deterministic(cfg.deterministic), _setting(stack, remedy, fp32_reduce), train.routing(stack, sink):
+    with toolkit.deterministic(cfg.deterministic), _setting(stack, remedy), train.routing(stack, sink):
         for t in range(kn["steps"]):
             x, y = train.batch(cfg, t, kn["tokens"], dtype, dev)
             steps.append(tr.step(train.shard(x, dp_rank, dp), train.shard(y, dp_rank, dp)))
@@ -147,7 +150,8 @@ def engine_train(payload: dict) -> dict:
             "routing": [[(idx, m) for idx, m in per_layer] for per_layer in sink]}
     every: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(every, mine)
-    res: dict = {"rank": tdist.get_rank(), "available": True, "dp": dp, "expert_dp": tdist.get_world_size(tr.expert_group)}
+    res: dict = {"rank": tdist.get_rank(), "available": True, "dp": dp,
+                 "expert_dp": tdist.get_world_size(tr.expert_group)}
     if tdist.get_rank() == 0:
         res.update(_assemble(every, kn, stack[0].config.moe_router_topk))
     rounds = kn.get("rounds", 0)
@@ -203,7 +207,7 @@ def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dty
     xs, ys = train.shard(x, dp_rank, dp), train.shard(y, dp_rank, dp)
 
     def case_step():
-        with _setting(stack, remedy, fp32_reduce):
+        with _setting(stack, remedy):
             tr.step(xs, ys)
 
     with toolkit.deterministic(cfg.deterministic):

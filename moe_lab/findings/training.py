@@ -197,10 +197,11 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
         lay_w = max(weight_divergence(r, ref)[-1] for r in layout)
         run_w = max(weight_divergence(r, b)[-1] for r, b in reruns)
         n_run = sum(t is not None for t in run_t)
+        first_lay = min((t for t in lay_t if t is not None), default="-")
+        first_run = min((t for t in run_t if t is not None), default="-")
         said = (f"layout: {sum(t is not None for t in lay_t)} of {len(layout)} layout(s) part from ep {ref['ep']} "
-                f"(first after step {min((t for t in lay_t if t is not None), default='-')}), ||Δw||/||w|| at step {K} "
-                f"up to {lay_w:.2g}; run-to-run: {n_run} of {len(reruns)} rerun(s) part "
-                f"(first after step {min((t for t in run_t if t is not None), default='-')}), up to {run_w:.2g}")
+                f"(first after step {first_lay}), ||Δw||/||w|| at step {K} up to {lay_w:.2g}; run-to-run: {n_run} of "
+                f"{len(reruns)} rerun(s) part (first after step {first_run}), up to {run_w:.2g}")
         if all(t is None for t in lay_t):
             status, verdict_ = PASS, "no layout effect: every layout bitwise equal to the reference"
         elif not det:

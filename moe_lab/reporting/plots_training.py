@@ -46,7 +46,7 @@ def _panels(df: pd.DataFrame, y: str, ylabel: str, title: str):
 
 
 def loss_divergence(records: list[dict]):
-    """|loss − loss_ref| / loss_ref against step, log axis, per layout and rerun; one panel per stack, setting, mode."""
+    """|loss − loss_ref| / loss_ref against step, log axis, per layout and rerun; a panel per stack, setting, mode."""
     df = pd.DataFrame([r for r in frame(records) if r["layer"] is None])
     if df.empty:
         return _empty("no training runs to compare")
@@ -67,7 +67,8 @@ def routing_flips(records: list[dict], setting: str = "plain"):
     df = pd.DataFrame([r for r in frame(records) if r["layer"] is not None and r["setting"] == setting])
     if df.empty:
         return _empty(f"no {setting} training runs to compare")
-    df = df.assign(row=df["layers"].astype(str) + " layer(s), " + df["deterministic"].map({True: "det", False: "nondet"}))
+    mode = df["deterministic"].map({True: "det", False: "nondet"})
+    df = df.assign(row=df["layers"].astype(str) + " layer(s), " + mode)
     rows_ = list(dict.fromkeys(df["row"]))
     L = int(df["layer"].max())
     fig, axes = plt.subplots(len(rows_), L, figsize=(4.6 * L, 3.0 * len(rows_)), squeeze=False, sharey=True)
