@@ -79,13 +79,18 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
                         raise ValueError(f"training.tokens ({tp.tokens}) must be divisible by the data-parallel size "
                                          f"({lay.dp(world)} at ep {ep} on {world} ranks)")
                     for run in runs:
-                        timed = name != REFERENCE and ep == max(tp.eps) and run == 0 and tp.cost_rounds > 0
+                        # timed: each remedy against the plain step (same mode), and deterministic mode alone (the
+                        # first stack's plain det run) against the plain step without it; at the largest EP, run 0
+                        det_alone = name == REFERENCE and si == 0 and det and len(dets) > 1
+                        timed = ((name != REFERENCE or det_alone) and ep == max(tp.eps) and run == 0
+                                 and tp.cost_rounds > 0)
                         out.append(Case(
                             experiment=NAME, kind="train", moe=base.replace(deterministic=det, **changes),
                             release=release, layout=lay, deterministic_env=det,
                             label=f"{name}, {layers} layer(s), ep {ep}, {'det' if det else 'nondet'}, run {run}",
                             knobs={**common, "setting": name, "remedy": remedy, "layers": layers, "run": run,
-                                   "rounds": tp.cost_rounds if timed else 0}))
+                                   "rounds": tp.cost_rounds if timed else 0,
+                                   "baseline_deterministic": det and not det_alone}))
     return out
 
 
@@ -193,8 +198,8 @@ def _assemble(every: list[dict], kn: dict, k: int) -> dict:
 
 
 def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dtype, dev):
-    """Paired rounds (rotating order): one step of the case's setting, one of the plain setting (same layout and mode)
-    and the plain step again (the A/A noise floor)."""
+    """Paired rounds (rotating order): one step of the case's setting in its mode, one of the plain setting (same
+    layout; deterministic as `baseline_deterministic` says) and that plain step again (the A/A noise floor)."""
     import torch
 
     from .. import provenance
@@ -206,15 +211,21 @@ def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dty
     x, y = train.batch(cfg, kn["steps"], kn["tokens"], dtype, dev)
     xs, ys = train.shard(x, dp_rank, dp), train.shard(y, dp_rank, dp)
 
+    base_det = kn.get("baseline_deterministic", cfg.deterministic)
+
     def case_step():
-        with _setting(stack, remedy):
+        with toolkit.deterministic(cfg.deterministic), _setting(stack, remedy):
             tr.step(xs, ys)
 
+    def plain_step():
+        with toolkit.deterministic(base_det):
+            plain.step(xs, ys)
+
+    # "again": the plain step a second time, its A/A noise floor
+    times = toolkit.paired_rounds({"case": case_step, "plain": plain_step, "again": plain_step}, rounds, rotate=True)
     with toolkit.deterministic(cfg.deterministic):
-        # "again": the plain step a second time, its A/A noise floor
-        times = toolkit.paired_rounds({"case": case_step, "plain": lambda: plain.step(xs, ys),
-                                       "again": lambda: plain.step(xs, ys)}, rounds, rotate=True)
-        env = {**provenance.numerics_env(), "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
+        env = {**provenance.numerics_env(), "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+               "baseline_deterministic": base_det}
     return times, env
 
 
