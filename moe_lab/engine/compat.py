@@ -501,3 +501,28 @@ def megatron_train_step(model, optimizer, loss_fn) -> tuple[float, float]:
     if not ok:
         raise RuntimeError("megatron's optimizer skipped the step (inf/nan gradients)")
     return float(loss.detach()), float(norm)
+
+
+@contextlib.contextmanager
+def replay_targets(layers):
+    """megatron's router replay (0.16+, `moe_enable_routing_replay`) driven from outside: yields set(per_layer) that
+    makes each layer's next forwards route every token to the given top-k experts ([tokens, k] indices; the probs
+    are gathered from the current scores, as megatron's REPLAY_FORWARD does); replay state cleared on exit."""
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+    rrs = [getattr(lyr.router, "router_replay", None) for lyr in layers]
+    if any(r is None for r in rrs):
+        raise ValueError("routing replay needs layers built with options=('moe_enable_routing_replay',)")
+
+    def set_targets(per_layer):
+        for r, idx in zip(rrs, per_layer):
+            r.set_target_indices(idx)
+
+    for r in rrs:
+        r.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+    try:
+        yield set_targets
+    finally:
+        for r in rrs:
+            r.clear_router_replay_action()
+            r.clear_indices()

@@ -37,7 +37,11 @@ SETTINGS = {
     "router fp32 + fp32 grad reduce": ({"router_dtype": "fp32"}, "fp32_grad_reduce"),
     "ordered combine": ({}, "ordered_combine"),
     "router fp32 + fp32 grad reduce + ordered combine": ({"router_dtype": "fp32"}, "fp32_grad_reduce+ordered_combine"),
+    # every layout routes each token of step t to the experts the reference layout's run chose (megatron's router
+    # replay, fed from the reference record): `replay_cases`, after the reference has run
+    "routing replay": ({"options": ("moe_enable_routing_replay",)}, "none"),
 }
+REPLAY = "routing replay"
 REFERENCE = "plain"
 
 
@@ -72,7 +76,7 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
         for si, layers in enumerate(stacks):
             runs = range(1) if name != REFERENCE else range(tp.reruns if si == 0 else tp.deep_reruns)
             for det in (dets if si == 0 else dets[-1:]):
-                for ep in tp.eps:
+                for ep in (tp.eps[:1] if name == REPLAY else tp.eps):  # replay's other layouts: replay_cases
                     lay = Layout(ep=ep)
                     lay.check(world, base.num_experts)
                     if tp.tokens % lay.dp(world):
@@ -97,12 +101,44 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
 not_applicable = protocol.not_applicable_in_release
 
 
+def replay_cases(params: dict, records: list[dict]) -> list[Case]:
+    """The routing-replay runs of the other layouts, each fed the reference layout's routing (its record's packed
+    top-k per layer and step, in the knob `replay`); [] when the profile does not list the setting or its reference
+    run is missing or was not available."""
+    tp = params_of(params)
+    if REPLAY not in tp.settings:
+        return []
+    ref = next((r for r in records if r.get("kind") == "train" and r.get("setting") == REPLAY
+                and r.get("available") and r.get("ep") == tp.eps[0]), None)
+    if ref is None:
+        return []
+    base = [c for c in cases(params) if c.knobs["setting"] == REPLAY][0]
+    out = []
+    for ep in tp.eps[1:]:
+        lay = Layout(ep=ep)
+        out.append(Case(experiment=NAME, kind="train", moe=base.moe, release=base.release, layout=lay,
+                        deterministic_env=base.deterministic_env,
+                        label=base.label.replace(f"ep {tp.eps[0]},", f"ep {ep},"),
+                        knobs={**base.knobs, "replay": [[s["topk"] for s in per] for per in ref["routing"]],
+                               "replay_of": ref["case_key"]}))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- engine side
 
 
 def _pack(t, dtype) -> str:
     """A tensor's bytes as zlib + base64 text (records stay JSON; findings unpack with `array`, no torch)."""
     return base64.b64encode(zlib.compress(t.contiguous().numpy().astype(dtype).tobytes(), 6)).decode()
+
+
+def _unpack(text: str, k: int):
+    """A packed top-k (uint8) → [tokens, k] int64 indices."""
+    import numpy as np
+    import torch
+
+    raw = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype=np.uint8)
+    return torch.from_numpy(raw.astype(np.int64)).reshape(-1, k)
 
 
 @contextlib.contextmanager
@@ -131,7 +167,7 @@ def engine_train(payload: dict) -> dict:
     from megatron.core import parallel_state as ps
 
     from ..config import MoEConfig
-    from ..engine import toolkit, train
+    from ..engine import compat, toolkit, train
     from ..engine.dist import STATE
 
     kn, lay = payload["knobs"], payload["layout"]
@@ -146,9 +182,17 @@ def engine_train(payload: dict) -> dict:
     dev = STATE["torch_device"]
     sink: list[list] = [[] for _ in stack]
     steps, weights = [], [tr.weights(cfg.seed)]
-    with toolkit.deterministic(cfg.deterministic), _setting(stack, remedy), train.routing(stack, sink):
+    replay = kn.get("replay")
+    with contextlib.ExitStack() as st:
+        st.enter_context(toolkit.deterministic(cfg.deterministic))
+        st.enter_context(_setting(stack, remedy))
+        st.enter_context(train.routing(stack, sink))
+        targets = st.enter_context(compat.replay_targets(stack)) if replay else None
         for t in range(kn["steps"]):
             x, y = train.batch(cfg, t, kn["tokens"], dtype, dev)
+            if targets is not None:  # this DP rank's tokens of step t: the reference run's top-k experts
+                k = stack[0].config.moe_router_topk
+                targets([train.shard(_unpack(per[t], k), dp_rank, dp).to(dev) for per in replay])
             steps.append(tr.step(train.shard(x, dp_rank, dp), train.shard(y, dp_rank, dp)))
             weights.append(tr.weights(cfg.seed))
     mine = {"dp_rank": dp_rank, "steps": steps, "weights": weights,
@@ -261,4 +305,5 @@ def verdict(records: list[dict]) -> str:
     return render.verdict(found.findings(records), title=title)
 
 
-__all__ = ["cases", "on_engine", "records", "verdict", "not_applicable", "SETTINGS", "REFERENCE", "params_of"]
+__all__ = ["cases", "replay_cases", "REPLAY", "on_engine", "records", "verdict", "not_applicable", "SETTINGS",
+           "REFERENCE", "params_of"]

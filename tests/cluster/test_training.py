@@ -52,3 +52,23 @@ def test_a_wrong_expert_gradient_scale_is_caught(fp64):
         gap = _apart(wrong[ep], right[1])
         print(f"wrong scale ep {ep} vs ep 1:", gap)
         assert gap["grad_norm"] > 1e-3 and gap["weights"] > 1e3 * ROUNDING, (ep, gap)
+
+
+def test_routing_replay_routes_every_token_where_it_is_told(cpu_cluster):
+    """The replay knob drives megatron's router replay: fed top-2 = (0, 1) for every token, every layout routes every
+    token to experts 0 and 1 — the control: the reference run's own routing is not that."""
+    import base64
+    import zlib
+
+    P = profiles.load("cpu", {"training": {**SMALL, "steps": 2, "stacks": [1], "settings": ["plain", "routing replay"],
+                                           "deterministic": [True], "reruns": 1, "eps": [1, 2]}})
+    (ref,) = protocol.run(training, P, cluster=cpu_cluster,
+                          cases=[c for c in training.cases(P) if c.knobs["setting"] == training.REPLAY])
+    (case,) = training.replay_cases(P, [ref])
+    forced = base64.b64encode(zlib.compress(bytes([0, 1] * 16))).decode()  # the engine's packing of uint8 top-k
+    case = protocol.Case(**{**{f: getattr(case, f) for f in case.__dataclass_fields__},
+                            "knobs": {**case.knobs, "replay": [[forced, forced]]}})
+    (rec,) = protocol.run(training, P, cluster=cpu_cluster, cases=[case])
+    assert rec["available"], rec.get("reason")
+    assert [s["topk"] for s in rec["routing"][0]] == [forced, forced]
+    assert ref["routing"][0][0]["topk"] != forced  # the control
