@@ -217,7 +217,8 @@ class MoEConfig:
 
         if not isinstance(world, int) or isinstance(world, bool) or world < 1:
             raise ValueError(f"world ({world!r}) must be a positive integer")
-        lay = Layout(tp=self.tp, ep=self.ep or max(1, world // self.expert_tp), etp=self.etp, sp=self.sequence_parallel)
+        lay = Layout(tp=self.tp, ep=self.ep or max(1, world // self.expert_tp), etp=self.etp,
+                     sequence_parallel=self.sequence_parallel)
         lay.check_world(world)
         lay.check_layer(self)
         return lay
@@ -320,3 +321,77 @@ class ClusterConfig:
         if self.ranks_per_gpu == 1:
             return "one rank per GPU"
         return f"{self.ranks_per_gpu} ranks share each GPU (virtual EP)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainParams:
+    """Notebook 06's parameters (the profile's "training" object; #24): a stack of MoE layers trained on a fixed
+    regression loss at several EP layouts, each run `reruns` times, with and without deterministic mode."""
+
+    steps: int = 50
+    """K: optimizer steps per run."""
+    tokens: int = 64
+    """Tokens of the global batch per step, split evenly over the data-parallel ranks."""
+    stacks: tuple[int, ...] = (1, 2)
+    """MoE layers per stack (residual: h <- h + moe(h)); the first stack runs every mode and setting, the others the
+    plain setting in the last-listed mode."""
+    eps: tuple[int, ...] = (1, 2, 4)
+    """Expert-parallel sizes compared (the first is the reference layout); the rest of the world is data parallel."""
+    reruns: int = 2
+    """Runs of every plain layout of the first stack (run 1 is the rerun: the run-to-run effect)."""
+    deep_reruns: int = 2
+    """Runs of every layout of the other stacks (1: no rerun there; their run-to-run finding then says so)."""
+    deterministic: tuple[bool, ...] = (False, True)
+    """torch deterministic algorithms off / on for the first stack's plain layouts (other cases: the last listed)."""
+    settings: tuple[str, ...] = ("plain", "router fp32", "router fp32 + fp32 grad reduce")
+    """Settings run (experiments.training.SETTINGS); 'plain' is the reference."""
+    hidden: int = 0
+    """Layer overrides for training (0: the profile's layer)."""
+    num_experts: int = 0
+    topk: int = 0
+    ffn_hidden: int = 0
+    dispatcher: str = "allgather"
+    """megatron-core token dispatcher of every training case."""
+    lr: float = 1e-3
+    """Adam learning rate (megatron OptimizerConfig's other defaults: weight decay 0.01, betas 0.9/0.999, eps 1e-8,
+    clip_grad 1.0)."""
+    cost_rounds: int = 5
+    """Paired timing rounds (case step vs plain step) per remedy, at the largest EP; 0: no cost."""
+
+    def __post_init__(self):
+        for name in ("steps", "tokens", "reruns", "deep_reruns"):
+            _positive(name, getattr(self, name))
+        for name in ("hidden", "num_experts", "topk", "ffn_hidden", "cost_rounds"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"training.{name} ({v!r}) must be 0 (the profile's) or a positive integer")
+        for name, kind in (("stacks", int), ("eps", int), ("deterministic", bool), ("settings", str)):
+            v = getattr(self, name)
+            if isinstance(v, list):
+                v = tuple(v)
+                object.__setattr__(self, name, v)
+            if (not isinstance(v, tuple) or not v or len(set(v)) != len(v)
+                    or not all(isinstance(x, kind) and (kind is not int or (not isinstance(x, bool) and x > 0))
+                               for x in v)):
+                raise ValueError(f"training.{name} ({v!r}) must be a non-empty list of distinct "
+                                 f"{'positive integers' if kind is int else kind.__name__ + ' values'}")
+        _choice("training.dispatcher", self.dispatcher, DISPATCHERS)
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not 0 < self.lr < 1:
+            raise ValueError(f"training.lr ({self.lr!r}) must be a number in (0, 1)")
+
+    @classmethod
+    def from_dict(cls, d: dict | None, where: str = "parameters") -> "TrainParams":
+        """From a profile's "training" object ('_'-keys are comments): an unknown key is an error naming the allowed
+        ones."""
+        d = d or {}
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: training ({d!r}) must be a JSON object of {sorted(cls.__dataclass_fields__)}")
+        d = {k: v for k, v in d.items() if not k.startswith("_")}
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{where}: training has unknown key(s) {sorted(unknown)}; allowed: "
+                             f"{sorted(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+    def asdict(self) -> dict:
+        return dataclasses.asdict(self)

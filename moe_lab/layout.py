@@ -21,8 +21,8 @@ class Layout:
     """Expert parallel size: the experts are split over this many ranks."""
     etp: int = 0
     """Expert tensor parallel size; 0 = the same as tp (megatron's default)."""
-    sp: bool = False
-    """Sequence parallelism (megatron requires it for MoE with TP > 1 in training)."""
+    sequence_parallel: bool = False
+    """Sequence parallelism (megatron requires it for MoE with TP > 1 in training); 'sp' in a layout's text."""
 
     def __post_init__(self):
         for name in ("tp", "ep"):
@@ -31,6 +31,8 @@ class Layout:
                 raise ValueError(f"layout: {name} ({v!r}) must be a positive integer")
         if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
             raise ValueError(f"layout: etp ({self.etp!r}) must be a positive integer (or 0 = tp)")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"layout: sequence_parallel ({self.sequence_parallel!r}) must be True or False")
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
@@ -42,7 +44,7 @@ class Layout:
             m = _PART.match(part)
             if not m:
                 raise ValueError(f"layout ({text!r}): {part!r} is not tpN, epN, etpN or sp (e.g. tp2,ep4,etp1,sp)")
-            key, val = ("sp", True) if m.group(3) else (m.group(1), int(m.group(2)))
+            key, val = ("sequence_parallel", True) if m.group(3) else (m.group(1), int(m.group(2)))
             if key in kw:
                 raise ValueError(f"layout ({text!r}) names {key} twice")
             kw[key] = val
@@ -60,7 +62,29 @@ class Layout:
         s = f"tp {self.tp} × ep {self.ep}"
         if self.expert_tp != self.tp:
             s += f" (etp {self.expert_tp})"
-        return s + (", sequence parallel" if self.sp else "")
+        return s + (", sequence parallel" if self.sequence_parallel else "")
+
+    def dp(self, world: int) -> int:
+        """Data-parallel size of the dense (router, shared-expert) parameters at `world` ranks."""
+        return world // self.tp
+
+    def expert_dp(self, world: int) -> int:
+        """Data-parallel size of the expert parameters (megatron's expert-data-parallel group)."""
+        return world // (self.expert_tp * self.ep)
+
+    def check(self, world: int, num_experts: int) -> None:
+        """ValueError unless the layout fits `world` ranks and `num_experts` experts."""
+        self.check_world(world)
+        if num_experts % self.ep:
+            raise ValueError(f"layout {self.label()}: num_experts ({num_experts}) must be divisible by ep ({self.ep})")
+
+    def asdict(self) -> dict:
+        return {"tp": self.tp, "ep": self.ep, "etp": self.expert_tp, "sequence_parallel": self.sequence_parallel}
+
+    def fields(self) -> dict:
+        """What every record says of its case's layout (flat, for tidy tables): tp, ep, etp, sequence parallel and
+        the layout in words."""
+        return {**self.asdict(), "layout": self.label()}
 
     def groups(self, world: int) -> dict:
         """Every group size at `world` ranks: dp (dense side), edp (expert side), checked."""

@@ -497,3 +497,88 @@ def fp32_gather_grad_reduce():
         yield
     finally:
         td.gather_from_sequence_parallel_region = orig
+
+
+# ---------------------------------------------------------------------------------------------- training (#24)
+
+
+@contextlib.contextmanager
+def capture_routing(router, keep):
+    """Call keep(logits, routing_map) on every routing decision of `router` inside the block: its `routing(logits,
+    ...)` method (0.11-0.19: `forward` computes `logits = self.gating(input)` and hands them to `self.routing`, which
+    returns (probs, routing_map [tokens, experts] bool)) is wrapped on the instance, never in megatron's class."""
+    orig = router.routing
+
+    def routing(logits, *a, **k):
+        probs, routing_map = orig(logits, *a, **k)
+        keep(logits, routing_map)
+        return probs, routing_map
+
+    router.routing = routing
+    try:
+        yield
+    finally:
+        del router.routing  # the class's method again
+
+
+def megatron_ddp_and_optimizer(module, transformer_config, *, lr: float, weight_decay: float, betas: tuple,
+                               eps: float, clip_grad: float, grad_reduce_in_fp32: bool = False):
+    """megatron-core's own DistributedDataParallel around `module` and get_megatron_optimizer over it (Adam, bf16
+    params with fp32 main weights, no distributed optimizer, no overlap): the reference the lab's training step
+    (engine/train.py) is tested against. NCCL with one rank per GPU only — over gloo megatron's bucket sync fails
+    ("ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda", at world 1 too) and the optimizer
+    allocates on 'cuda' (no CPU run). 0.16: DistributedDataParallel(config, ddp_config, module);
+    get_megatron_optimizer(config, model_chunks)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    if not torch.cuda.is_available() or not torch.distributed.get_backend() == "nccl":
+        raise ValueError("megatron's DistributedDataParallel + optimizer run on NCCL with one rank per GPU only "
+                         "(gloo: allreduce_coalesced rejects CUDA tensors; CPU: the optimizer allocates on 'cuda')")
+    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False,
+                                            use_distributed_optimizer=False)
+    model = DistributedDataParallel(config=transformer_config, ddp_config=ddp_cfg, module=module)
+    dtype = next(module.parameters()).dtype
+    opt_cfg = OptimizerConfig(optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=betas[0],
+                              adam_beta2=betas[1], adam_eps=eps, clip_grad=clip_grad, bf16=dtype == torch.bfloat16,
+                              params_dtype=dtype, use_distributed_optimizer=False)
+    return model, get_megatron_optimizer(opt_cfg, [model])
+
+
+def megatron_train_step(model, optimizer, loss_fn) -> tuple[float, float]:
+    """One step of megatron's own: zero the grad buffers, loss_fn(model).backward(), finish the grad sync, step.
+    Returns (loss, grad norm) — `optimizer.step()` returns (success, grad_norm, num_zeros) from 0.11 on."""
+    model.zero_grad_buffer()
+    optimizer.zero_grad()
+    loss = loss_fn(model)
+    loss.backward()
+    model.finish_grad_sync()
+    ok, norm, _ = optimizer.step()
+    if not ok:
+        raise RuntimeError("megatron's optimizer skipped the step (inf/nan gradients)")
+    return float(loss.detach()), float(norm)
+
+
+@contextlib.contextmanager
+def replay_targets(layers):
+    """megatron's router replay (0.16+, `moe_enable_routing_replay`) driven from outside: yields set(per_layer) that
+    makes each layer's next forwards route every token to the given top-k experts ([tokens, k] indices; the probs
+    are gathered from the current scores, as megatron's REPLAY_FORWARD does); replay state cleared on exit."""
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+    rrs = [getattr(lyr.router, "router_replay", None) for lyr in layers]
+    if any(r is None for r in rrs):
+        raise ValueError("routing replay needs layers built with options=('moe_enable_routing_replay',)")
+
+    def set_targets(per_layer):
+        for r, idx in zip(rrs, per_layer):
+            r.set_target_indices(idx)
+
+    for r in rrs:
+        r.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+    try:
+        yield set_targets
+    finally:
+        for r in rrs:
+            r.clear_router_replay_action()
+            r.clear_indices()

@@ -35,7 +35,7 @@ DEFAULT_REFERENCE = "ep1"
 def layer_for(base: MoEConfig, layout: Layout) -> MoEConfig:
     """`base` under `layout`: the same layer (sizes, seed, router) split another way."""
     return base.replace(tp=layout.tp, ep=layout.ep, etp=layout.etp if layout.etp != layout.tp else 0,
-                        sequence_parallel=layout.sp)
+                        sequence_parallel=layout.sequence_parallel)
 
 
 def case(base: MoEConfig, layout: str, *, reference: str = DEFAULT_REFERENCE, trials: int = 1, cut: int = 90,
@@ -145,7 +145,7 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
     first = next((k for k in STAGES if stages[k].get("applicable", True) and stages[k].get("n_differ")), None)
     lay, ref = Layout.parse(case.knobs["layout_spec"]), Layout.parse(case.knobs["reference_spec"])
     return [{"layout": lay.label(), "reference_layout": ref.label(),
-             "is_reference": lay == ref, "etp": lay.expert_tp, "sequence_parallel": lay.sp,
+             "is_reference": lay == ref, "etp": lay.expert_tp, "sequence_parallel": lay.sequence_parallel,
              "vs_reference": metrics.over_trials(per_trial("vs_reference")),
              "rerun": metrics.over_trials(per_trial("rerun")),
              "cross_rank": metrics.over_trials(per_rank[0].get("cross_rank") or [{"applicable": False,

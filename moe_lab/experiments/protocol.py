@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..config import ClusterConfig, MoEConfig, check_cut
+from ..layout import Layout
 from ..reporting import results as results_file
 from ..reporting.results import latest  # noqa: F401 - the records a notebook's latest run showed
 
@@ -61,10 +62,16 @@ class Case:
     engine_env: tuple[tuple[str, str], ...] = ()
     """More environment variables the engines must start with (e.g. CUBLAS_WORKSPACE_CONFIG, read once per process)."""
     label: str = ""
+    layout: Layout | None = None
+    """How the layer is split over the world (tp, ep, etp, sequence parallel; the rest data parallel). None: the
+    layer's own `moe.ep` / `moe.tp` over the whole world (every experiment before #24)."""
 
     def payload(self) -> dict:
         """What the engines get: plain data (pickled by value), no objects."""
-        return {"moe": self.moe.asdict(), "cut": self.cut, "kind": self.kind, "knobs": dict(self.knobs)}
+        out = {"moe": self.moe.asdict(), "cut": self.cut, "kind": self.kind, "knobs": dict(self.knobs)}
+        if self.layout is not None:
+            out["layout"] = self.layout.asdict()
+        return out
 
     def fields(self) -> dict:
         """The record fields that say which case this is (flattened for tidy DataFrames)."""
@@ -72,16 +79,18 @@ class Case:
         return {"experiment": self.experiment, "kind": self.kind, "config": m.asdict(), "cut": self.cut,
                 "dispatcher": m.dispatcher, "router_dtype": m.router_dtype, "deterministic": m.deterministic,
                 "probs_fp32_gather": m.probs_fp32_gather, "knobs": dict(self.knobs),
-                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))}}
+                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))},
+                **(self.layout.fields() if self.layout is not None else {})}
 
 
-def layout_fields(cfg: MoEConfig, world) -> dict:
-    """The case's own layout on every record (#22/#23: not the one the cluster started with): tp, ep, etp, sequence
-    parallel and the layout in words."""
+def layout_fields(case: Case, world) -> dict:
+    """The case's own layout on every record (#22/#23: not the one the cluster started with): its explicit `layout`,
+    else its layer's (`MoEConfig.layout`): tp, ep, etp, sequence parallel and the layout in words."""
+    if case.layout is not None:
+        return case.layout.fields()
     if not isinstance(world, int):
         return {}
-    lay = cfg.layout(world)
-    return {"tp": lay.tp, "ep": lay.ep, "etp": lay.expert_tp, "sequence_parallel": lay.sp, "layout": lay.label()}
+    return case.moe.layout(world).fields()
 
 
 def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> None:
@@ -150,9 +159,12 @@ def key_fields(case: Case, env: dict, ccfg: ClusterConfig) -> dict:
     switches = {**dict(ccfg.env), **dict(case.engine_env)}
     if case.deterministic_env and ccfg.device == "cuda":
         switches.update(NCCL_ALGO="Ring", CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    return {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(), "cut": case.cut,
-            "knobs": case.knobs, **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
-            "source": provenance.code_version()["source_sha"]}
+    out = {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(), "cut": case.cut,
+           "knobs": case.knobs, **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
+           "source": provenance.code_version()["source_sha"]}
+    if case.layout is not None:  # only then: the keys of every earlier experiment stay what they were
+        out["layout"] = case.layout.asdict()
+    return out
 
 
 def environment(cluster) -> dict:
@@ -190,6 +202,8 @@ def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[i
             skip[id(c)] = why
             continue
         check_case(c.moe, ccfg.engines, version, c.cut)
+        if c.layout is not None:
+            c.layout.check(ccfg.engines, c.moe.num_experts)
     return skip
 
 
@@ -327,7 +341,7 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     wall = round(time.perf_counter() - t0, 3)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = []
-    layout = layout_fields(case.moe, env.get("world"))
+    layout = layout_fields(case, env.get("world"))
     layout["grad_enabled"] = bool(getattr(experiment, "FORWARD_GRAD", False))  # how the compared forwards ran
     for r in experiment.records(case, per_rank):
         out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), **layout, "label": case.label,

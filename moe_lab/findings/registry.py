@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import compound, layouts, localise, promotion, reproduce, truncation
+from . import compound, layouts, localise, promotion, reproduce, training, truncation
 from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Finding
 
 
@@ -28,6 +28,8 @@ EXPERIMENTS = (
                truncation.findings),
     Experiment("05", compound.EXPERIMENT, "Do the gradients agree too, and how do differences grow with depth?",
                compound.findings),
+    Experiment("06", training.EXPERIMENT, "Trained at EP 1, 2, 4: how soon and how far do runs part, and why?",
+               training.findings),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 NOTEBOOK_EXPERIMENTS = {"01": (reproduce.EXPERIMENT, layouts.EXPERIMENT)}

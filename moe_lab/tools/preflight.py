@@ -102,7 +102,7 @@ def plan(cfg: MoEConfig, layout: Layout, *, preset=None, world: int | None = Non
         notes += [f"source: {s}" for s in preset.sources]
     if layout.expert_tp != layout.tp:
         left.append(f"ETP ({layout.expert_tp}) != TP ({layout.tp}): the lab's engines build experts with ETP = TP only")
-    if layout.tp > 1 and not layout.sp:
+    if layout.tp > 1 and not layout.sequence_parallel:
         notes.append("megatron-core needs sequence parallelism for MoE with TP > 1 in training (add ,sp)")
     if layout.tp > 1 or layout.expert_tp > 1:
         notes.append("activations under TP/ETP > 1 are counted as at TP 1 (an over-estimate of the per-rank share)")

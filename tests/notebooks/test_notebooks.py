@@ -85,13 +85,14 @@ def test_index_cards_say_what_the_notebooks_say(cpu_report):
 
 
 def test_the_run_shares_one_cluster_between_the_notebooks_that_need_it(cpu_report):
-    """controller.shared: 01, 02, 04 and 05 begin on the run's cluster (the installed release, 4 engines); 03 begins
+    """controller.shared: 01, 02, 04, 05 and 06 begin on the run's cluster (the installed release, 4 engines); 03 begins
     on another release, so it starts its own (the control: a notebook that cannot attach does not)."""
     by_nb: dict = {}
     for r in cpu_report["results"]:
         if "skipped" not in r:  # a setting the release lacks: a record made without any cluster
             by_nb.setdefault(r["notebook"], set()).add(r.get("shared_cluster"))
-    assert {nb: by_nb.get(nb) for nb in ("01", "02", "04", "05")} == {nb: {True} for nb in ("01", "02", "04", "05")}
+    shared = ("01", "02", "04", "05", "06")
+    assert {nb: by_nb.get(nb) for nb in shared} == {nb: {True} for nb in shared}
     assert by_nb["03"] == {False}
 
 
@@ -295,3 +296,29 @@ def test_05_gradients_and_depth(cpu_report):
     depth = [r for r in recs if r["kind"] == "depth"]
     assert {r["stack"] for r in depth} == {"the same layer x4", "8 distinct layers"}
     assert max(r["layer"] for r in depth) == 8
+
+
+def test_06_training_layouts_reruns_and_the_budget_share(cpu_report, cpu_gemm):
+    """Every layout of the cpu profile trained K=50 steps from the same global weights; in deterministic mode the
+    reruns are bitwise equal (CPU kernels) while the layouts part (the control that the comparison can fail); the
+    notebook's cases stay within 2 min where the CPU's bf16 GEMM is not a slow path (as the profile budget)."""
+    from moe_lab.findings import training as ft
+
+    recs = [r for r in cpu_report["results"] if r["notebook"] == "06"]
+    assert recs and all(r["available"] for r in recs), [r.get("reason") for r in recs if not r.get("available")]
+    assert {(r["ep"], r["dp"], r["expert_dp"]) for r in recs} == {(1, 4, 4), (2, 4, 2), (4, 4, 1)}
+    assert all(r["layout"]["ep"] == r["ep"] and len(r["loss"]) == 50 for r in recs)
+    assert len({r["weights_fp"][0] for r in recs if r["layers"] == 1}) == 1  # the same global initial weights
+    det = [r for r in recs if r["setting"] == "plain" and r["deterministic"] and r["layers"] == 1]
+    ref = next(r for r in det if r["ep"] == 1 and r["run"] == 0)
+    for r in det:
+        if r["run"] == 1:
+            run0 = next(x for x in det if x["ep"] == r["ep"] and x["run"] == 0)
+            assert ft.first_difference(r, run0) is None
+        elif r is not ref:
+            assert ft.first_difference(r, ref) is not None  # the control: the layouts part
+    share = sum(r["case_wall_s"] for r in recs)
+    slow = cpu_gemm.slowdown()
+    print(f"notebook 06: {len(recs)} runs in {share:.0f} s of cases (bf16 GEMM {slow['worst_ratio']:.1f}x fp32)")
+    if slow["worst_ratio"] <= BF16_FAST:
+        assert share < 120

@@ -70,3 +70,41 @@ def lay01(d, layout, vs_ref, rerun=None, *, r="none", ref="tp 1 × ep 1", routin
                 dispatcher=d, router_dtype=r, layout=layout, reference_layout=ref, is_reference=layout == ref,
                 vs_reference=vs_ref, rerun=rerun or cmp(), cross_rank=cmp(), stages_vs_reference=stages,
                 first_divergent_stage=first, deterministic=False, **kw)
+def pack(values, code: str) -> str:
+    """The engine's packing of a routing tensor (zlib + base64 of array bytes), in pure Python."""
+    import array
+    import base64
+    import zlib
+
+    return base64.b64encode(zlib.compress(array.array(code, values).tobytes())).decode()
+
+
+def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how_far=1e-3, steps=6, tokens=4, k=2,
+            flip_at=None, tag=None, **kw):
+    """A notebook-06 run record: equal to the reference trajectory until step `part_at` (None: never), then its loss
+    and weights off by `how_far` (relative), its weights named `tag` (default 'ep{ep}': a rerun parting like its run 0
+    has the same weights); a routing flip of token 0 from step `flip_at` on (margin 1e-3)."""
+    import math
+
+    base_loss = [1.0 - 0.01 * t for t in range(steps)]
+    loss = [x * (1 + how_far) if part_at is not None and t + 1 >= part_at else x for t, x in enumerate(base_loss)]
+    fps, sketch = [], []
+    for t in range(steps + 1):
+        off = part_at is not None and t >= part_at
+        fps.append(f"w{t}" + (f"-{tag or f'ep{ep}'}-{how_far}" if off else ""))
+        sketch.append([1.0 + (how_far * (j % 3 + 1) if off else 0.0) for j in range(16)])
+    routing = []
+    for _ in range(layers):
+        per = []
+        for t in range(steps):
+            idx = [(i % 8) for i in range(tokens * k)]
+            if flip_at is not None and t + 1 >= flip_at:
+                idx[0] = 7
+            per.append({"topk": pack(idx, "B"), "margin": pack([1e-3] * tokens, "f")})
+        routing.append(per)
+    return dict(ENV, notebook="06", kind="train", experiment="training", available=True, ep=ep, tp=1,
+                layout={"tp": 1, "ep": ep, "etp": 1, "sequence_parallel": False}, run=run, setting=setting,
+                deterministic=det, layers=layers, reference_ep=1, dispatcher="allgather", dp=4, expert_dp=4 // ep,
+                case_key=f"06/{setting}/{layers}/{det}/{ep}/{run}", loss=loss, loss_hex=[float(x).hex() for x in loss],
+                grad_norm=[0.1] * steps, weights_fp=fps, weights_norm=[math.sqrt(16.0)] * (steps + 1),
+                weights_sketch=sketch, weights_tensors=17, routing=routing, topk=k, dp_ranks=4, **kw)

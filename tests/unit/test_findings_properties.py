@@ -6,7 +6,7 @@ import math
 import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
-from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01
+from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01, train06
 
 from moe_lab.findings import NOT_MEASURED, PASS, Cost, registry, render
 from moe_lab.findings.common import choose
@@ -46,7 +46,7 @@ def records(draw):
     for _ in range(draw(st.integers(0, 4))):
         s = draw(subject())
         d = draw(st.sampled_from(["allgather", "alltoall"]))
-        kind = draw(st.sampled_from(["01", "02", "03", "04", "05", "k", "skip"]))
+        kind = draw(st.sampled_from(["01", "02", "03", "04", "05", "06", "k", "skip"]))
         cross = draw(comparison()) if s["world"] > 1 else {"applicable": False, "reason": "world size 1", "trials": 5}
         if kind == "01":
             out.append(rec01(d, draw(st.sampled_from(["none", "fp32"])), cross, draw(comparison()), **s))
@@ -70,6 +70,13 @@ def records(draw):
             for setting in ("plain", "router fp32"):
                 bad = draw(st.sets(st.sampled_from(["cross_out", "cross_dx", "rerun_dx", "experts_truncation"])))
                 out.append(back05(d, setting, bad=tuple(bad), **s) | {"cost": draw(cost())})
+        elif kind == "06":
+            det = draw(st.booleans())
+            for ep in draw(st.sampled_from([[1], [1, 2], [1, 2, 4]])):
+                part = None if ep == 1 else draw(st.sampled_from([None, 2]))
+                out.append(train06(ep, det=det, part_at=part, **s))
+                if draw(st.booleans()):
+                    out.append(train06(ep, 1, det=det, part_at=draw(st.sampled_from([None, 1])), tag="rerun", **s))
         elif kind == "k":
             out.append(kernel04(draw(st.sampled_from(["fc1", "fc2"])), draw(st.sampled_from([128, 256])),
                                 draw(st.booleans()), **{k: v for k, v in s.items() if k != "world"}))

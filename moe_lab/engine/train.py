@@ -1,0 +1,315 @@
+"""Runs on engines: a data-parallel training step over a stack of megatron-core MoE layers (#24) with megatron's
+gradient arithmetic and optimizer semantics, and what every step leaves behind (loss, gradient norm, weight
+fingerprints and sketches, the routing of every layer).
+
+The arithmetic is megatron-core's DistributedDataParallel + get_megatron_optimizer (0.16, `average_in_collective`
+off, one micro-batch): every gradient is scaled by 1/DP (DP = world / tp, for expert parameters too: their gradient
+already sums the tokens of the whole EP group) and summed — dense (router) parameters over the data-parallel group,
+expert parameters over the expert-data-parallel group — in the parameters' dtype (bf16) or, with
+`grad_reduce_fp32`, in fp32 (megatron's `grad_reduce_in_fp32`); then fp32 main weights take the gradient, the
+global norm (dense² + expert² summed over the EP group) clips it at `clip_grad`, AdamW steps, and the bf16 weights
+are the main weights cast back. Over gloo megatron's own DDP cannot run (its bucket sync uses torch's
+`_coalescing_manager`, which gloo rejects for CUDA tensors) and its optimizer allocates on 'cuda': this is the same
+arithmetic written out, tested equal to megatron's on a GPU (tests/gpu/test_training_gpu.py) and to EP=1 in fp64
+(tests/cluster/test_training.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+
+from .. import metrics
+from ..config import MoEConfig
+from . import compat, layer as layer_mod
+from .dist import STATE, init_parallel_state
+
+logger = logging.getLogger(__name__)
+
+SKETCH = 16
+"""Random projections per weight tensor: ||w_a - w_b|| is estimated from the sketches of two runs (JL, ~±35 %)."""
+PRECISIONS = {"bf16": torch.bfloat16, "fp64": torch.float64}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optim:
+    """megatron-core OptimizerConfig's Adam fields (its defaults, but lr)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+
+
+@dataclass
+class _Param:
+    name: str
+    """'layer{i}.router' or 'layer{i}.expert{g}.linear_fc1' (g global: the same name at every EP)."""
+    model: torch.nn.Parameter
+    main: torch.Tensor
+    expert: bool
+
+
+def build_stack(cfg: MoEConfig, layers: int, *, ep: int, precision: str = "bf16") -> list:
+    """`layers` fresh (uncached: training changes them) MoE layers at expert-parallel size `ep` (the rest of the world
+    data parallel), layer i seeded from seed + i: expert g's weights depend on (seed, i, g) only, never on EP."""
+    from megatron.core import parallel_state as ps
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision ({precision!r}) must be one of {', '.join(PRECISIONS)}")
+    init_parallel_state(tp=cfg.tp, ep=ep)
+    out = []
+    for i in range(layers):
+        c = cfg.replace(seed=cfg.seed + i, dtype="fp32" if precision == "fp64" else cfg.dtype)
+        lyr = compat.build_moe_layer(c, ep=ep, tp=c.tp, device=STATE["device"])
+        layer_mod.init_weights(lyr, c, ep_rank=ps.get_expert_model_parallel_rank(),
+                               tp_rank=ps.get_tensor_model_parallel_rank(), tp=c.tp)
+        out.append(lyr.to(PRECISIONS[precision]))
+    return out
+
+
+def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
+    """(global name, parameter, is expert) of every parameter of the stack, names independent of EP."""
+    from megatron.core import parallel_state as ps
+
+    out = []
+    for i, lyr in enumerate(stack):
+        n_local = len(lyr.experts.local_experts)
+        base = ps.get_expert_model_parallel_rank() * n_local
+        for name, p in lyr.named_parameters():
+            m = layer_mod._EXPERT_PARAM.search(name)
+            if m:
+                out.append((f"layer{i}.expert{base + int(m.group(1))}.{m.group(2)}", p, True))
+            elif name.endswith("router.weight"):
+                out.append((f"layer{i}.router", p, False))
+            else:
+                raise RuntimeError(f"megatron-core {compat.installed_version()}: parameter {name} is neither router "
+                                   "nor expert weight; teach engine.train its name")
+    return out
+
+
+EXPERT_SCALES = ("dp", "expert_dp")
+"""What expert gradients are divided by before their sum: 'dp' (megatron: world / tp) or 'expert_dp' (the size of
+the group they are summed over — a plausible mistake, equal to 'dp' at EP=1 only: the tests' wrong-scale control)."""
+
+
+class Trainer:
+    """The DP step of one stack on this rank (see the module docstring)."""
+
+    def __init__(self, stack, *, optim: Optim, grad_reduce_fp32: bool = False, expert_scale: str = "dp"):
+        from megatron.core import parallel_state as ps
+
+        self.stack, self.layers, self.optim = stack, stack, optim
+        self.dense_group = ps.get_data_parallel_group()
+        self.expert_group = ps.get_expert_data_parallel_group()
+        self.ep_group = ps.get_expert_model_parallel_group()
+        self.dp = tdist.get_world_size(self.dense_group)
+        self.grad_reduce_fp32 = grad_reduce_fp32
+        if expert_scale not in EXPERT_SCALES:
+            raise ValueError(f"expert_scale ({expert_scale!r}) must be one of {', '.join(EXPERT_SCALES)}")
+        self.expert_div = self.dp if expert_scale == "dp" else tdist.get_world_size(self.expert_group)
+        main_dtype = torch.float64 if stack[0].router.weight.dtype == torch.float64 else torch.float32
+        self.params = [_Param(n, p, p.detach().clone().to(main_dtype), e) for n, p, e in named_params(stack)]
+        self._projections: dict[str, torch.Tensor] = {}
+        self.opt = torch.optim.AdamW([q.main for q in self.params], lr=optim.lr, weight_decay=optim.weight_decay,
+                                     betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stack with residual connections: h <- h + moe_i(h) (StackModule's forward)."""
+        return StackModule.forward(self, x)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """One optimizer step on this rank's share (x, y) of the global batch; returns this rank's local loss (the
+        mean squared error over its tokens, fp32 or fp64) and the global gradient norm before clipping."""
+        for q in self.params:
+            q.model.grad = None
+        with torch.enable_grad():
+            h = self.forward(x)
+            diff = h.to(y.dtype) - y
+            loss = (diff * diff).mean()
+            loss.backward()
+        self.reduce_grads()
+        norm = self.grad_norm()
+        if self.optim.clip_grad > 0:  # megatron's clip_grad_by_total_norm_fp32
+            coeff = self.optim.clip_grad / (norm + 1.0e-6)
+            if coeff < 1.0:
+                for q in self.params:
+                    q.main.grad.mul_(coeff)
+        self.opt.step()
+        with torch.no_grad():
+            for q in self.params:
+                q.model.copy_(q.main.to(q.model.dtype))
+        return {"loss": float(loss.detach()), "grad_norm": float(norm)}
+
+    def reduce_grads(self) -> None:
+        """megatron DDP: grads x 1/DP, summed over each group in one flat buffer (a bucket), into the main grads."""
+        for expert, group in ((False, self.dense_group), (True, self.expert_group)):
+            ps_ = [q for q in self.params if q.expert == expert]
+            if not ps_:
+                continue
+            own = ps_[0].model.dtype
+            dtype = torch.float32 if self.grad_reduce_fp32 and own != torch.float64 else own
+            flat = torch.cat([(q.model.grad if q.model.grad is not None else torch.zeros_like(q.model))
+                              .reshape(-1).to(dtype) for q in ps_])
+            flat.mul_(1.0 / (self.expert_div if expert else self.dp))
+            if tdist.get_world_size(group) > 1:
+                tdist.all_reduce(flat, group=group)
+            off = 0
+            for q in ps_:
+                n = q.main.numel()
+                q.main.grad = flat[off:off + n].view_as(q.main).to(q.main.dtype)
+                off += n
+
+    def grad_norm(self) -> float:
+        """megatron's global norm of the main grads: sqrt(dense² + expert²), expert² summed over the EP group."""
+        sq = {e: torch.zeros((), dtype=torch.float64 if self.params[0].main.dtype == torch.float64 else torch.float32,
+                             device=self.params[0].main.device) for e in (False, True)}
+        for q in self.params:
+            sq[q.expert] = sq[q.expert] + torch.norm(q.main.grad, 2) ** 2
+        if tdist.get_world_size(self.ep_group) > 1:
+            tdist.all_reduce(sq[True], group=self.ep_group)
+        return math.sqrt(float(sq[False]) + float(sq[True]))
+
+    def weights(self, seed: int) -> dict:
+        """This rank's share of the weight state: per owned tensor (each global tensor on exactly one rank: dense on
+        data-parallel rank 0, experts on expert-data-parallel rank 0) its fingerprint, squared norm and SKETCH
+        random projections of the main weights (fp64, seeded by (seed, name): equal on every layout)."""
+        from megatron.core import parallel_state as ps
+
+        own_dense = ps.get_data_parallel_rank() == 0
+        own_expert = ps.get_expert_data_parallel_rank() == 0
+        out = {}
+        for q in self.params:
+            if not (own_expert if q.expert else own_dense):
+                continue
+            w = q.main.detach().reshape(-1).to(torch.float64)
+            r = self._projections.get(q.name)
+            if r is None:  # drawn once per run (kept in fp32 on GPUs: half the memory), the same at every layout
+                g = layer_mod._generator(w.device, seed, "sketch", q.name)
+                r = torch.randn((SKETCH, w.numel()), generator=g, device=w.device, dtype=torch.float32)
+                self._projections[q.name] = r = r if w.is_cuda else r.double()
+            out[q.name] = (metrics.fingerprint(q.main), float(w @ w), (r.double() @ w).tolist())
+        return out
+
+
+def combine_weights(shares: list[dict]) -> dict:
+    """Every rank's `Trainer.weights` → the global state: one fingerprint over every tensor (sorted by its global
+    name), the squared norm and the sketch (summed in that order: the same bits for the same weights at any EP)."""
+    allw = {}
+    for s in shares:
+        allw.update(s)
+    h = hashlib.sha256()
+    norm2, sk = 0.0, [0.0] * SKETCH
+    for name in sorted(allw):
+        fp, n2, proj = allw[name]
+        h.update(f"{name}:{fp};".encode())
+        norm2 += n2
+        sk = [a + b for a, b in zip(sk, proj)]
+    return {"fingerprint": h.hexdigest()[:32], "norm": math.sqrt(norm2), "sketch": sk, "tensors": len(allw)}
+
+
+@contextlib.contextmanager
+def routing(stack, sink: list[list]):
+    """Per layer, the top-k experts (sorted) and the margin of the top-k boundary (k-th minus (k+1)-th router logit)
+    of every token of every forward inside the block, appended to sink[layer]."""
+    with contextlib.ExitStack() as st:
+        for i, lyr in enumerate(stack):
+            def keep(logits, routing_map, i=i, k=lyr.config.moe_router_topk):
+                sink[i].append(topk_and_margin(logits, routing_map, k))
+            st.enter_context(compat.capture_routing(lyr.router, keep))
+        yield
+
+
+def topk_and_margin(logits: torch.Tensor, routing_map: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: its top-k experts (ascending, uint8, from megatron's routing map [tokens, experts]) and the margin
+    of the top-k boundary: the k-th largest router logit minus the (k+1)-th (fp32; inf with k = experts)."""
+    lg = logits.detach().float().reshape(routing_map.shape[0], -1)
+    top = torch.sort(lg, dim=1, descending=True).values
+    margin = top[:, k - 1] - top[:, k] if lg.shape[1] > k else torch.full_like(top[:, 0], math.inf)
+    idx = routing_map.nonzero()[:, 1].reshape(routing_map.shape[0], -1)
+    return idx.to(torch.uint8).cpu(), margin.cpu()
+
+
+def batch(cfg: MoEConfig, step: int, tokens: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`: tokens x [tokens, 1, hidden] standard normal (in the params' dtype) and the
+    regression target y = tanh(x T) (T fixed by the seed; fp32, or fp64 for fp64 runs): the same on every layout."""
+    g = layer_mod._generator(device, cfg.seed, "batch", step)
+    x = torch.randn((tokens, 1, cfg.hidden), generator=g, device=device, dtype=torch.float32)
+    gt = layer_mod._generator(device, cfg.seed, "teacher")
+    T = torch.randn((cfg.hidden, cfg.hidden), generator=gt, device=device, dtype=torch.float32) / math.sqrt(cfg.hidden)
+    ydt = torch.float64 if dtype == torch.float64 else torch.float32
+    return x.to(dtype), torch.tanh(x.to(ydt) @ T.to(ydt))
+
+
+def shard(t: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+    """This data-parallel rank's contiguous share of the global batch (tokens along dim 0)."""
+    if t.shape[0] % n:
+        raise ValueError(f"tokens per step ({t.shape[0]}) must be divisible by the data-parallel size ({n})")
+    per = t.shape[0] // n
+    return t[rank * per:(rank + 1) * per]
+
+
+
+
+class StackModule(torch.nn.Module):
+    """The stack as one module (what megatron's DistributedDataParallel wraps): h <- h + moe_i(h)."""
+
+    def __init__(self, stack):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(stack)
+
+    def forward(self, x):
+        h = x
+        for lyr in self.layers:
+            h = h + compat.moe_output(lyr(h))
+        return h
+
+
+def versus_megatron(payload: dict) -> dict:
+    """Engine side of the GPU test (#24): the same stack, weights and batches through megatron's own
+    DistributedDataParallel + get_megatron_optimizer and through `Trainer`; per step both losses and gradient norms,
+    and after the last step every weight compared (metrics.compare). payload: moe (a MoEConfig dict), layers, steps,
+    tokens, lr, grad_reduce_fp32, and lr_factor (the control: the lab's run with another learning rate)."""
+    from megatron.core import parallel_state as ps
+
+    cfg = MoEConfig(**payload["moe"])
+    ep = cfg.resolved_ep(tdist.get_world_size())
+    opt = Optim(lr=payload["lr"])
+    ours = Trainer(build_stack(cfg, payload["layers"], ep=ep),
+                   optim=Optim(lr=payload["lr"] * payload.get("lr_factor", 1.0)),
+                   grad_reduce_fp32=payload.get("grad_reduce_fp32", False))
+    mstack = build_stack(cfg, payload["layers"], ep=ep)
+    module = StackModule(mstack)
+    model, optimizer = compat.megatron_ddp_and_optimizer(
+        module, mstack[0].config, lr=opt.lr, weight_decay=opt.weight_decay, betas=(opt.adam_beta1, opt.adam_beta2),
+        eps=opt.adam_eps, clip_grad=opt.clip_grad, grad_reduce_in_fp32=payload.get("grad_reduce_fp32", False))
+    dp_rank, dp = ps.get_data_parallel_rank(), ours.dp
+    out = {"lab": [], "megatron": []}
+    for t in range(payload["steps"]):
+        x, y = batch(cfg, t, payload["tokens"], torch.bfloat16, STATE["torch_device"])
+        xs, ys = shard(x, dp_rank, dp), shard(y, dp_rank, dp)
+        out["lab"].append(ours.step(xs, ys))
+
+        def loss_fn(m, xs=xs, ys=ys):
+            with torch.enable_grad():
+                d = m(xs).to(ys.dtype) - ys
+                return (d * d).mean()
+
+        loss, norm = compat.megatron_train_step(model, optimizer, loss_fn)
+        out["megatron"].append({"loss": loss, "grad_norm": norm})
+    mine = {n: p for n, p, _ in named_params(ours.stack)}
+    theirs = {n: p for n, p, _ in named_params(mstack)}
+    out["weights"] = {n: metrics.compare(mine[n].detach(), theirs[n].detach()) for n in sorted(mine)}
+    out["rank"] = tdist.get_rank()
+    return out
+
+
+__all__ = ["Optim", "Trainer", "build_stack", "named_params", "combine_weights", "routing", "batch", "shard",
+           "SKETCH", "PRECISIONS", "EXPERT_SCALES", "topk_and_margin", "StackModule", "versus_megatron"]
