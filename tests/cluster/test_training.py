@@ -35,7 +35,7 @@ def test_fp64_dp_arithmetic_equals_ep1_to_rounding(fp64):
     assert all(r["available"] for r in right.values()), [r.get("reason") for r in right.values()]
     for ep in (2, 4):
         r = right[ep]
-        assert (r["dp"], r["expert_dp"], r["layout"]["ep"]) == (4, 4 // ep, ep)
+        assert (r["dp"], r["expert_dp"], r["ep"], r["layout"]) == (4, 4 // ep, ep, f"tp 1 × ep {ep}")
         assert r["weights_fp"][0] == right[1]["weights_fp"][0]  # the same global initial weights at every EP
         assert r["weights_fp"][-1] != r["weights_fp"][0]  # ... and they trained
         gap = _apart(r, right[1])
