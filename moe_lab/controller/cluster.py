@@ -332,10 +332,6 @@ class Cluster:
 
             return shared.detach(self, graceful)
         t0 = time.perf_counter()
-        # Every engine/controller process there is now (not the watchdog): what Ctrl-C's line counts as stopped,
-        # including those ipyparallel ends itself (schedulers, nannies), not only the ones killed below (#16).
-        running = processes.cluster_processes(self._profile_dir, exclude=(self._reaper.pid,) if self._reaper else ()) \
-            if self._profile_dir else []
         if graceful and self.client is not None and self.engine_ids:
             self._teardown_engines()
             # Process groups are destroyed: nothing of the engines is needed any more, and ipyparallel's SIGTERM
@@ -360,7 +356,6 @@ class Cluster:
             if left:
                 logger.info("killed %d leftover process(es) of the cluster: %s", len(left), left)
             shutil.rmtree(self._profile_dir, ignore_errors=True)
-            processes.note_stopped(p.pid for p in running)
         if self._reaper is not None:  # nothing left to watch; wait for it so no zombie stays behind
             self._reaper.terminate()
             self._reaper.wait()
