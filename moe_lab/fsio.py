@@ -29,9 +29,9 @@ class ReportWriteError(RuntimeError):
     def __init__(self, path: str | os.PathLike, error: OSError, kept: str = ""):
         self.path, self.error = str(path), error
         why = error.strerror or type(error).__name__
-        super().__init__(f"cannot write {path} ({why}): the report folder stopped taking writes during the run"
-                         + (f"; {kept}" if kept else "") + "; make it writable (or give another --out) and run again, "
-                         "finished cases are reused")
+        super().__init__(f"cannot write {path} ({why}) during the run, so it stopped there" + (f"; {kept}" if kept
+                         else "") + "; make the folder writable (a read-only or full file system, a directory where the "
+                         "file goes) or give another --out, and run again: finished cases are reused")
 
 
 def failed_write(e: BaseException, folder: str | os.PathLike) -> str | None:
