@@ -425,6 +425,8 @@ BLAME_FAULTS = {
     "hang": (faults.sleep_on, (60,), "collective", "is still busy in sleep_on at faults.py"),
     "exit": (faults.exit_on, (3,), "died", "(exit code 3)"),
     "kill": (faults.kill_on, (), "died", "(killed by SIGKILL)"),
+    # #25: SIGSTOPped before it (a hung process: no stack dump), named by its process state, not 'another host'
+    "stop": (faults.stop_on, (), "collective", "is stopped (process state 'stopped': SIGSTOP"),
 }
 
 
@@ -472,6 +474,28 @@ def test_only_the_faulty_rank_is_named(blame_cluster, fault, repeat):
     assert dt < BLAME_BOUND_S, f"{dt:.1f} s: {e}"
     assert c.client is None
     _assert_nothing_left(profile, pids)
+
+
+@pytest.mark.cluster
+def test_a_stopped_engine_outside_a_collective_is_named_and_kill_cont_resumes_it(blame_cluster):
+    """#25: rank 1 SIGSTOPs itself in a call without a collective; the call's timeout (5 s) names it with its engine,
+    pid and process state, and says `kill -CONT PID` (not 'they keep running', not 'cannot be read from this host').
+    The control: after SIGCONT the same cluster answers its health all-reduce on every rank."""
+    c = _up(blame_cluster)
+    rank = 1
+    pid, engine = c.placement[rank]["pid"], c.engine_ids[rank]
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        c.run(faults.stop_on, rank, collective=False, timeout=5)
+    e, dt = info.value, time.monotonic() - t0
+    print(f"TIME stopped engine, call timeout 5 s: {dt:.1f} s — {e}")
+    assert e.kind == "timeout" and e.ranks == [rank], str(e)
+    assert (f"rank {rank} is stopped (process state 'stopped': SIGSTOP, Ctrl-Z or a debugger) (engine {engine}, "
+            f"pid {pid})") in str(e), str(e)
+    assert f"`kill -CONT {pid}`" in str(e) and "cannot be read" not in str(e) and "keep running" not in str(e)
+    assert dt < 5 + 3
+    os.kill(pid, signal.SIGCONT)
+    assert all(h["ok"] for h in c.health_check())
 
 
 @pytest.mark.cluster
