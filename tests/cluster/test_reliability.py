@@ -501,6 +501,24 @@ def test_a_stopped_engine_outside_a_collective_is_named_and_kill_cont_resumes_it
 
 
 @pytest.mark.cluster
+def test_a_stopped_engine_dropped_for_missed_heartbeats_is_said_stopped_not_dead(fault_cluster):
+    """#25: with a call timeout longer than ipyparallel's heartbeat allowance (10 missed 3 s pings, its defaults),
+    the hub drops a SIGSTOPped engine while its process lives: the report says it was dropped because it is stopped,
+    with its engine and pid — not that it died — and the engines are stopped (nothing left)."""
+    c = _up(fault_cluster)
+    rank = 1
+    profile, pid, engine = c.profile_dir, c.placement[rank]["pid"], c.engine_ids[rank]
+    e, dt = _fail(c, faults.stop_on, rank, collective=False, timeout=120)
+    print(f"TIME stopped engine dropped by the hub: {dt:.1f} s — {e}")
+    assert e.kind == "died" and e.ranks == [rank] and e.stopped, str(e)
+    assert (f"rank {rank} (engine {engine}, pid {pid}) was dropped during stop_on (unregistered from the controller: "
+            "it is stopped (process state 'stopped'") in str(e), str(e)
+    assert "died" not in str(e)
+    assert dt < 60
+    _assert_nothing_left(profile, [pid])
+
+
+@pytest.mark.cluster
 def test_an_engine_still_exiting_when_the_hub_drops_it_is_reported_with_its_signal(blame_cluster, monkeypatch):
     """Seen in 2 of 10 SIGKILL repeats at 4 engines: the engine's nanny tells the hub the moment the engine's pipe
     closes, while the kernel is still ending the process, so the check found it unregistered but not yet gone and
