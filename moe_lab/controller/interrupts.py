@@ -60,6 +60,7 @@ def handling():
         yield
         return
     old = {s: signal.getsignal(s) for s in SIGNALS}
+    reset()  # a new command in a long-lived process (a run started from a notebook): no earlier signal counts
     install()
     try:
         yield
@@ -150,7 +151,7 @@ def finish() -> tuple[int, list[int], float]:
 
 
 def reset() -> None:
-    """Forget a signal (tests that interrupt in-process more than once)."""
+    """Forget a signal: a new command in the same process (`handling`), tests that interrupt in-process."""
     _state.update(signal=None, at=None, procs={})
 
 
