@@ -5,7 +5,10 @@
   pid, what it was doing and the signal or exit code, exit 3 — the traceback only with --debug, and in the log file;
 - pip or a release failing (`versions install` with no index reachable, a release that does not import): one line,
   exit 3, the traceback in the log file;
-- Ctrl-C (or SIGTERM): one line with the number of processes stopped, exit 130.
+- a report folder that cannot be written any more mid-run: one line naming the file, exit 3, every finished record
+  kept;
+- Ctrl-C, SIGTERM or SIGHUP: every process the command started is stopped within 10 s (controller.interrupts), then
+  one line with how many, exit 128 + the signal (Ctrl-C 130, SIGTERM 143, SIGHUP 129); no traceback.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from .argtypes import count as _count, model_list as _models, notebooks as _note
     scale as _scale, seconds as _seconds
 
 logger = logging.getLogger("moe_lab")
-EXIT_INPUT, EXIT_FAULT, EXIT_INTERRUPTED = 2, 3, 130
+EXIT_INPUT, EXIT_FAULT = 2, 3
 
 
 class Parser(argparse.ArgumentParser):
@@ -406,8 +409,13 @@ def main(argv=None) -> int:
     from ..reporting.results import ResultsFileError
     from ..tools.errors import InstallError
 
+    from ..controller import interrupts
+    from ..fsio import ReportWriteError
+
     ap = build_parser()
     a = ap.parse_args(argv)  # a bad flag: one line, SystemExit(2) (argparse's exit, like -h and --version)
+    if a.cmd != "lab":  # jupyter lab asks on Ctrl-C itself
+        interrupts.install()
     debug = a.debug or a.verbose
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -434,11 +442,17 @@ def main(argv=None) -> int:
             _print_traceback(e)
         print(f"moe-lab {a.cmd}: cluster fault: {e}" + (f" (traceback: {where})" if where else ""), file=sys.stderr)
         return EXIT_FAULT
-    except KeyboardInterrupt as e:
-        from ..controller import processes
-
-        n = processes.stopped_count()
-        print(f"moe-lab {a.cmd}: interrupted{f' ({e})' if str(e) else ''}; stopped {n} engine/controller "
-              "process(es), none left running", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except ReportWriteError as e:  # the report folder stopped taking writes mid-run: one line, exit 3
+        where = _write_traceback(a, e)
+        print(f"moe-lab {a.cmd}: failed: {e}" + (f" (traceback: {where})" if where else ""), file=sys.stderr)
+        return EXIT_FAULT
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: everything this process started is ended, then one line
+        stopped, left, took = interrupts.finish()
+        why = interrupts.interrupted() or "SIGINT"
+        tail = "none left running" if not left else f"{len(left)} could not be stopped (pids {left})"
+        print(f"moe-lab {a.cmd}: interrupted ({'Ctrl-C' if why == 'SIGINT' else why}); stopped {stopped} "
+              f"process(es) in {took:.1f} s, {tail}", file=sys.stderr)
+        sys.stderr.flush()
+        logging.disable(logging.CRITICAL)  # library atexit hooks (torch's cache stats) after the last line: none
+        return interrupts.exit_code()
 

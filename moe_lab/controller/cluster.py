@@ -332,10 +332,6 @@ class Cluster:
 
             return shared.detach(self, graceful)
         t0 = time.perf_counter()
-        # Every engine/controller process there is now (not the watchdog): what Ctrl-C's line counts as stopped,
-        # including those ipyparallel ends itself (schedulers, nannies), not only the ones killed below (#16).
-        running = processes.cluster_processes(self._profile_dir, exclude=(self._reaper.pid,) if self._reaper else ()) \
-            if self._profile_dir else []
         if graceful and self.client is not None and self.engine_ids:
             self._teardown_engines()
             # Process groups are destroyed: nothing of the engines is needed any more, and ipyparallel's SIGTERM
@@ -360,7 +356,6 @@ class Cluster:
             if left:
                 logger.info("killed %d leftover process(es) of the cluster: %s", len(left), left)
             shutil.rmtree(self._profile_dir, ignore_errors=True)
-            processes.note_stopped(p.pid for p in running)
         if self._reaper is not None:  # nothing left to watch; wait for it so no zombie stays behind
             self._reaper.terminate()
             self._reaper.wait()
@@ -467,8 +462,9 @@ class Cluster:
                 # ending the process: wait for it to end, so the report carries its signal or exit code (#16).
                 if proc and proc["node"] == here and self._wait_gone(proc["pid"]):
                     dead[rank] = self._exit_status(proc["pid"]) or processes.pid_gone(proc["pid"]) or "process gone"
-                else:
-                    dead[rank] = "unregistered from the controller"
+                else:  # a stopped engine misses its heartbeats: the hub drops it while its process lives (#25)
+                    state = diagnosis.process_state(proc["pid"]) if proc and proc["node"] == here else None
+                    dead[rank] = "unregistered from the controller" + (f": it is {state}" if state else "")
         return dead
 
     @staticmethod
@@ -533,7 +529,8 @@ class Cluster:
         parts = []
         for rank, how in sorted(dead.items()):
             pid = self._procs[rank]["pid"] if rank < len(self._procs) else "?"
-            parts.append(f"rank {rank} (engine {self.engine_ids[rank]}, pid {pid}) died during {what} ({how})")
+            verb = "was dropped" if how.startswith("unregistered from the controller: it is") else "died"
+            parts.append(f"rank {rank} (engine {self.engine_ids[rank]}, pid {pid}) {verb} during {what} ({how})")
         self.stop(graceful=False)
         raise ClusterError("; ".join(parts) + "; the other engines were stopped: start the cluster again",
                            kind="died", ranks=sorted(dead), stopped=True)
@@ -578,15 +575,23 @@ class Cluster:
         msg = f"{what}: rank(s) {waiting} did not answer within {timeout:.0f} s"
         in_coll = [r for r in waiting if r in where and where[r][0]]
         if where:
-            msg += " (" + "; ".join(f"rank {r} is {where[r][1]}" for r in waiting if r in where) + ")"
+            msg += " (" + "; ".join(f"rank {r} is {where[r][1]} ({self._who(r)})" for r in waiting if r in where) + ")"
         if in_coll:
             culprits, notes = diagnosis.blame(ranks, returned={ranks[i] for i in results}, errored=set(),
                                               pending={r: where.get(r) for r in waiting})
             msg += (f"; hung collective {where[in_coll[0]][0]}: rank(s) {culprits} did not join it ("
-                    + "; ".join(notes) + "). The engines were stopped, start the cluster again")
+                    + "; ".join(f"{n} ({self._who(r)})" for r, n in zip(culprits, notes))
+                    + "). The engines were stopped, start the cluster again")
             self.stop(graceful=False)
             raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True)
-        msg += "; they keep running and later calls wait behind them: stop the cluster and start it again if they hang"
+        stopped = [r for r in waiting if where.get(r, (None, ""))[1].startswith("stopped")]
+        if stopped:
+            pids = " ".join(str(self._procs[r]["pid"]) for r in stopped)
+            msg += (f"; rank(s) {stopped} cannot go on until resumed: `kill -CONT {pids}`, or stop the cluster and "
+                    "start it again")
+        else:
+            msg += ("; they keep running and later calls wait behind them: stop the cluster and start it again if "
+                    "they hang")
         raise ClusterError(msg, kind="timeout", ranks=waiting)
 
     def _who(self, rank: int) -> str:

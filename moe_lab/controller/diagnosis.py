@@ -92,15 +92,39 @@ def _innermost(frames: list[tuple[str, int, str]]) -> str:
     return name(frames[-1])
 
 
+def process_state(pid: int) -> str | None:
+    """Why a live local engine cannot answer, from its process state: 'stopped (…)' for SIGSTOP / Ctrl-Z / a
+    debugger, 'in uninterruptible sleep (…)'; None for a running or sleeping process (or one that is gone)."""
+    import psutil
+
+    try:
+        st = psutil.Process(pid).status()
+    except psutil.Error:
+        return None
+    if st == psutil.STATUS_STOPPED:
+        return "stopped (process state 'stopped': SIGSTOP, Ctrl-Z or a debugger)"
+    if st == getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop"):
+        return "stopped by a debugger (process state 'tracing-stop')"
+    if st == psutil.STATUS_DISK_SLEEP:
+        return "in uninterruptible sleep (process state 'disk-sleep': waiting on I/O or the OS)"
+    return None
+
+
 def where(procs: list[dict], ranks: list[int], wait_s: float = 1.0) -> dict[int, tuple[str | None, str]]:
     """rank → (collective or None, 'waiting in <collective> (<caller>)' or 'in <function> at <file:line>'), from a
-    SIGUSR1 stack dump of each engine on this host (`engine.dist.identify` registers the handler). `procs[r]` is
-    rank r's process record (pid, node, main_thread, stack_file); ranks on other hosts are left out."""
+    SIGUSR1 stack dump of each engine on this host (`engine.dist.identify` registers the handler); for an engine on
+    this host that cannot dump (stopped, uninterruptible) or did not within `wait_s`, (None, why: process_state, or
+    'not answering: …'). `procs[r]` is rank r's process record (pid, node, main_thread, stack_file); ranks on other
+    hosts are left out."""
     here = platform.node()
-    todo = {}
+    todo, out = {}, {}
     for r in ranks:
         p = procs[r] if r < len(procs) else None
-        if not p or p["node"] != here or not p.get("stack_file"):
+        if not p or p["node"] != here:
+            continue
+        state = process_state(p["pid"])
+        if state or not p.get("stack_file"):
+            out[r] = (None, state or "not answering (no stack file to read its stack from)")
             continue
         try:
             size = os.path.getsize(p["stack_file"])
@@ -108,7 +132,6 @@ def where(procs: list[dict], ranks: list[int], wait_s: float = 1.0) -> dict[int,
             todo[r] = (p, size)
         except OSError:
             continue
-    out = {}
     deadline = time.monotonic() + wait_s
     seen = {r: -1 for r in todo}
     while todo and time.monotonic() < deadline:
@@ -132,6 +155,8 @@ def where(procs: list[dict], ranks: list[int], wait_s: float = 1.0) -> dict[int,
             else:
                 out[r] = (None, f"in {_innermost(frames)}")
             del todo[r]
+    for r, (p, _) in todo.items():  # no dump in time
+        out[r] = (None, process_state(p["pid"]) or f"not answering (no stack dump within {wait_s:.0f} s)")
     return out
 
 
@@ -156,7 +181,7 @@ def blame(ranks: list[int], *, returned: set[int], errored: set[int],
                 notes.append(f"rank {r} is still busy (its stack cannot be read from this host)")
             elif w[0] is None:
                 culprits.append(r)
-                notes.append(f"rank {r} is still busy {w[1]}")
+                notes.append(f"rank {r} is still busy {w[1]}" if w[1].startswith("in ") else f"rank {r} is {w[1]}")
     return culprits, notes
 
 

@@ -11,18 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-_STOPPED: set[int] = set()  # pids this process ended (engines, controllers, kernels): what Ctrl-C reports
-
-
-def note_stopped(pids) -> None:
-    _STOPPED.update(int(p) for p in pids)
-
-
-def stopped_count() -> int:
-    """How many processes this process has ended so far (the CLI's Ctrl-C line reports it)."""
-    return len(_STOPPED)
-
-
 def is_engine(p) -> bool:
     return any("ipyparallel.engine" in a for a in p.info.get("cmdline") or ())
 
@@ -84,7 +72,6 @@ def kill_cluster_processes(profile_dir: str, exclude: tuple[int, ...] = (), term
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=2)
-    note_stopped(p.pid for p in procs)
     return [p.pid for p in procs]
 
 def _reap(owner_pid: int, profile_dir: str, poll_s: float = 0.5) -> None:
@@ -130,7 +117,6 @@ def kill_engines(profile_dir: str, only=None) -> None:
     for p in procs:
         try:
             p.kill()
-            note_stopped([p.pid])
         except Exception:  # noqa: BLE001 - already gone
             pass
 
@@ -142,5 +128,5 @@ def _ppid(p) -> int | None:
         return None
 
 
-__all__ = ["note_stopped", "stopped_count", "cluster_processes", "kill_cluster_processes", "kill_engines", "start_watchdog", "pid_gone",
+__all__ = ["cluster_processes", "kill_cluster_processes", "kill_engines", "start_watchdog", "pid_gone",
            "describe_exit", "is_engine"]

@@ -68,7 +68,10 @@ def for_run(config: ClusterConfig, path: Path):
         ok = True
     finally:
         os.environ.pop(ENV, None)
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:  # a report folder made read-only mid-run: the cluster is stopped all the same (#25)
+            logger.info("could not remove %s (%s)", path, e.strerror or e)
         cluster.stop(graceful=ok)
 
 

@@ -78,3 +78,14 @@ def kill_on(rank: int, sig: int = signal.SIGKILL, *, after_s: float = 0.0, other
 
 def pid() -> int:
     return os.getpid()
+
+
+def stop_on(rank: int, *, collective: bool = True) -> dict:
+    """Rank `rank` stops itself with SIGSTOP (a hung process: it cannot even dump its stack); the others enter an
+    all-reduce it never joins (if `collective`). SIGCONT lets it go on."""
+    import torch.distributed as tdist
+
+    me = tdist.get_rank()
+    if me == rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return {"rank": me, "sum": _all_reduce() if collective else None}

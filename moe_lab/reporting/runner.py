@@ -11,12 +11,12 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from .. import profiles
-from ..fsio import writable_dir
+from ..controller import interrupts
+from ..fsio import ReportWriteError, failed_write, writable_dir
 from . import results
 
 logger = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ def _finish_row(row: dict, dst: Path) -> dict:
         try:
             mark_failure(dst, row["error"] or row["status"])
         except Exception as e:  # noqa: BLE001 - keep the run's other results
+            _raise_if_write_failed(e, dst.parent)
             logger.error("marking the failure in %s failed: %s", dst.name, e)
     nb = nbformat.read(dst, as_version=4)
     row["title"], row["verdict"] = _title(nb), _verdict(nb)
@@ -178,13 +179,30 @@ def _finish_row(row: dict, dst: Path) -> dict:
         row["html"] = render_html(dst).name
         row["shared_html"] = render_html(dst, exclude_input=True).name
     except Exception as e:  # noqa: BLE001 - report it in the index rather than lose the run
+        _raise_if_write_failed(e, dst.parent)
         row["error"] += f" (HTML rendering failed: {e})"
         logger.error("rendering %s failed: %s", dst.name, e)
     return row
 
 
+def _raise_if_write_failed(e: BaseException, out_dir: Path) -> None:
+    """A file under the report folder that could not be written ends the run (ReportWriteError, one line, exit 3):
+    the notebooks after it could not save anything either."""
+    path = failed_write(e, out_dir)
+    if path:
+        raise ReportWriteError(path, next(x for x in _chain(e) if isinstance(x, OSError))) from e
+
+
+def _chain(e):
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
+
+
 def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float) -> dict:
     import papermill as pm
+
+    from .kernels import RunKernelManager
 
     dst = out_dir / src.name
     t0 = time.perf_counter()
@@ -192,10 +210,12 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
     try:
         pm.execute_notebook(str(src), str(dst), parameters=dict(profile=profile, params=params, out_dir=str(out_dir)),
                             cwd=str(src.parent), kernel_name="python3", progress_bar=sys.stderr.isatty(),
-                            execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True)
+                            execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True,
+                            kernel_manager_class=RunKernelManager)
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - a failing notebook still gets its HTML and an index row
+        _raise_if_write_failed(e, out_dir)
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if type(e).__name__ == "DeadKernelError":
             error = "DeadKernelError: the kernel died (killed, out of memory, or a crash in native code)"
@@ -265,10 +285,13 @@ machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every state
 {html.escape(summary.generated_after(records))} by moe-lab run, profile {html.escape(str(meta.get('profile')))}
 </small></p></body></html>"""
     p = out_dir / "index.html"
-    p.write_text(page)
-    (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows,
-                                                               "cards": summary.card_json(cards)}, indent=1,
-                                                   default=str))
+    try:
+        p.write_text(page)
+        (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows,
+                                                       "cards": summary.card_json(cards)}, indent=1, default=str))
+    except OSError as e:
+        _raise_if_write_failed(e, out_dir)
+        raise
     return p
 
 
@@ -298,8 +321,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     except ImportError:  # pragma: no cover
         tqdm = None
     current, t0 = None, time.perf_counter()
-    before = _children()
-    with _signals_as_interrupt(), _run_lock(out_dir), _shared_cluster(params, out_dir, len(chosen)):
+    with interrupts.handling(), _run_lock(out_dir), _shared_cluster(params, out_dir, len(chosen)):
         # the bar only once the lock is held: a refused second run prints its one line and nothing else (#16)
         it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
@@ -312,18 +334,28 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 current = None
                 write_index(out_dir, rows, meta)
         except KeyboardInterrupt as e:
-            # Ctrl-C or SIGTERM: end the kernels and their engines, then keep what was run (#7).
+            # Ctrl-C or SIGTERM: papermill has interrupted and killed the running kernel (kernels.RunKernelManager);
+            # end any other kernel (one still starting), then keep what was run (#7). The shared cluster stops as the
+            # block exits; the CLI ends whatever is left and counts it (interrupts.finish).
             why = str(e) or "Ctrl-C"
-            ended = stop_children(exclude=before)
-            logger.error("interrupted (%s): stopped %d kernel/engine process(es)", why, len(ended))
-            if current is not None:
-                num, src = current
-                rows.append(_finish_row(_row(num, src, "interrupted", f"KeyboardInterrupt: interrupted ({why})",
-                                             time.perf_counter() - t0), out_dir / src.name))
-            done = {r["notebook"] for r in rows}
-            rows += [_row(n, s, "not run", "not run: the run was interrupted", 0.0) for n, s in chosen if n not in done]
-            write_index(out_dir, rows, meta)
+            stop_kernels()
+            try:
+                if current is not None:
+                    num, src = current
+                    rows.append(_finish_row(_row(num, src, "interrupted", f"KeyboardInterrupt: interrupted ({why})",
+                                                 time.perf_counter() - t0), out_dir / src.name))
+                done = {r["notebook"] for r in rows}
+                rows += [_row(n, s, "not run", "not run: the run was interrupted", 0.0) for n, s in chosen
+                         if n not in done]
+                write_index(out_dir, rows, meta)
+            except Exception as w:  # noqa: BLE001 - the interrupt is what the user sees; the index is best effort
+                logger.error("interrupted: the index could not be updated (%s)", w)
             raise
+        except ReportWriteError as e:  # the folder stopped taking writes: the notebooks after it could not save
+            ok = [r["notebook"] for r in rows if r["status"] == "ok"]
+            kept = (f"notebook(s) {', '.join(ok)} finished and their records are kept in {out_dir / 'results.json'}"
+                    if ok else f"no notebook had finished; {out_dir / 'results.json'} is as it was")
+            raise ReportWriteError(e.path, e.error, kept) from e.__cause__
     failed = [r["file"] for r in rows if r["status"] != "ok"]
     logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
     faults = [r for r in rows if r["status"] == "cluster fault"]
@@ -397,68 +429,27 @@ def _run_lock(out_dir: Path):
         os.close(fd)  # closing releases the lock
 
 
-@contextlib.contextmanager
-def _signals_as_interrupt():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt in the runner, so they clean up exactly as Ctrl-C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig}
-    try:
-        yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
-def _children() -> set[int]:
+def stop_kernels() -> list[int]:
+    """After an interrupt: every notebook kernel this runner still has (papermill has stopped the one that ran a cell;
+    one still starting is left) gets Ctrl-C, so a cell inside `with Cluster(...)` stops its own engines, a moment to
+    do it (bounded by the interrupt's budget), then SIGKILL. Returns their pids."""
     import psutil
 
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def stop_children(grace_s: float = 15.0, exclude: set[int] = frozenset()) -> list[int]:
-    """End every process this runner started: each kernel first gets Ctrl-C, so a cell inside
-    `with Cluster(...)` stops its own engines; then SIGTERM and, last, SIGKILL for whatever is left.
-    A kernel that dies with a cluster still open leaves it to that cluster's watchdog (cluster._reap)."""
-    import psutil
-
-    me = psutil.Process()
-
-    def alive(p) -> bool:
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    kernels = [p for p in me.children() if p.pid not in exclude]
-    seen = {p.pid: p for p in me.children(recursive=True) if p.pid not in exclude}
+    kernels = []
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if any("ipykernel" in a for a in p.cmdline()):
+                kernels.append(p)
     for k in kernels:
         with contextlib.suppress(psutil.Error):
             k.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:  # until the kernels have nothing running under them
-        for p in me.children(recursive=True):
-            if p.pid not in exclude:
-                seen.setdefault(p.pid, p)
-        if not any(alive(p) for p in seen.values() if p not in kernels):
-            break
-        time.sleep(0.2)
+    until = min(time.monotonic() + 3.0, interrupts.deadline() - 3.0)
     for k in kernels:
+        interrupts.wait_descendants_gone(k.pid, until)
         with contextlib.suppress(psutil.Error):
-            k.terminate()
-    psutil.wait_procs(kernels, timeout=5)
-    rest = [p for p in seen.values() if alive(p)]
-    _, rest = psutil.wait_procs(rest, timeout=8)  # the watchdogs end clusters whose kernel died
-    for p in rest:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(rest, timeout=3)
-    return sorted(seen)
+            k.kill()
+    psutil.wait_procs(kernels, timeout=1.0)
+    return [k.pid for k in kernels]
 
 
 def _meta(profile: str, params: dict) -> dict:

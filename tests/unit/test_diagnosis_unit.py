@@ -55,3 +55,45 @@ def test_ranks_are_named_in_rank_order_with_one_note_each():
                             pending={1: WAITING, 3: BUSY, 7: None})
     assert culprits == [3, 5, 7]
     assert [n.split()[1] for n in notes] == ["3", "5", "7"]
+
+
+def test_a_stopped_local_process_is_named_with_its_state_and_a_running_one_is_not():
+    """#25: a SIGSTOPped engine cannot dump its stack; `where` says it is stopped (process state), not that its stack
+    'cannot be read from this host', and blame names it so. The control: the same process running reads as busy in
+    its own code (its dump arrives), and a rank on another host is left to blame's 'cannot be read' note."""
+    import platform
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from moe_lab.controller.diagnosis import process_state, where
+
+    code = ("import faulthandler, signal, sys, threading, time; f = open(sys.argv[1], 'w'); "
+            "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True); print(threading.main_thread().ident, "
+            "flush=True)\nwhile True: time.sleep(0.05)")
+    import tempfile
+
+    stack = tempfile.NamedTemporaryFile(suffix=".txt", delete=False).name
+    p = subprocess.Popen([sys.executable, "-c", code, stack], stdout=subprocess.PIPE, text=True)
+    try:
+        main = int(p.stdout.readline())
+        procs = [{"pid": p.pid, "node": platform.node(), "main_thread": main, "stack_file": stack},
+                 {"pid": p.pid, "node": "another-host", "main_thread": main, "stack_file": stack}]
+        assert process_state(p.pid) is None
+        running = where(procs, [0, 1], wait_s=3.0)
+        assert list(running) == [0] and running[0][0] is None and running[0][1].startswith("in "), running
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        stopped = where(procs, [0, 1], wait_s=1.0)
+        assert stopped == {0: (None, "stopped (process state 'stopped': SIGSTOP, Ctrl-Z or a debugger)")}
+        culprits, notes = blame([0, 1], returned=set(), errored=set(), pending={0: stopped[0], 1: stopped.get(1)})
+        assert culprits == [0, 1]
+        assert notes == ["rank 0 is stopped (process state 'stopped': SIGSTOP, Ctrl-Z or a debugger)",
+                         "rank 1 is still busy (its stack cannot be read from this host)"]
+        p.send_signal(signal.SIGCONT)
+        time.sleep(0.2)
+        assert process_state(p.pid) is None
+    finally:
+        p.kill()
+        p.wait()

@@ -1,0 +1,63 @@
+"""The notebooks' kernels under `moe-lab run` (#25 item 4): papermill's kernel manager with two changes.
+
+- The kernel's own stderr (ipykernel's log, C libraries) passes through the runner's stderr as before, and is dropped
+  once the run is interrupted: a kernel stopped mid-cell has nothing to tell the terminal then.
+- Shutting a kernel down after Ctrl-C / SIGTERM (papermill does it as the interrupt unwinds) interrupts its cell first
+  and waits until the processes the cell started (a cluster of its own) are gone, bounded by the interrupt's budget,
+  then kills the kernel. jupyter_client's own shutdown sends the shutdown request right after the interrupt, so the
+  kernel closed its sockets while the cell was still unwinding and printed a ZMQError traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+
+from jupyter_client.manager import AsyncKernelManager
+
+from ..controller import interrupts
+
+logger = logging.getLogger(__name__)
+
+CELL_STOP_S = 4.0  # at most this long for an interrupted cell to stop what it started
+
+
+def _forward(stream) -> None:
+    for line in iter(stream.readline, b""):
+        if interrupts.interrupted():
+            logger.debug("kernel stderr after the interrupt: %s", line.decode(errors="replace").rstrip())
+            continue
+        try:
+            sys.stderr.write(line.decode(errors="replace"))
+            sys.stderr.flush()
+        except (OSError, ValueError):  # the runner's stderr is gone: keep draining the pipe
+            pass
+
+
+class RunKernelManager(AsyncKernelManager):
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        kw["stderr"] = subprocess.PIPE
+        await super()._async_launch_kernel(kernel_cmd, **kw)
+        proc = getattr(self.provisioner, "process", None)
+        if proc is not None and proc.stderr is not None:
+            threading.Thread(target=_forward, args=(proc.stderr,), name="kernel-stderr", daemon=True).start()
+
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False):
+        if interrupts.interrupted() and self.has_kernel:
+            pid = getattr(self.provisioner, "pid", None)
+            try:
+                await self.interrupt_kernel()  # the cell's KeyboardInterrupt: `with Cluster` stops its engines
+            except Exception as e:  # noqa: BLE001 - already gone; killed below anyway
+                logger.debug("interrupting the kernel: %s", e)
+            if pid:
+                until = min(time.monotonic() + CELL_STOP_S, interrupts.deadline() - 3.0)
+                if not interrupts.wait_descendants_gone(pid, until):
+                    logger.warning("the interrupted kernel's processes did not end in time: they are killed")
+            now = True
+        await super().shutdown_kernel(now=now, restart=restart)
+
+
+__all__ = ["RunKernelManager"]
