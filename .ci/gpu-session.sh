@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$
 python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), 'megatron-core', m.__version__)" 2>&1 | grep -v Warn | tee -a "$OUT/env.txt"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 quiet() { grep -v "warnings.warn(\|Warning: \|UserWarning\|DeprecationWarning"; }
-has pytest && { python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -s --timeout=900 2>&1 | quiet \
+has pytest && { python3 -m pytest -m gpu ${PYTEST_FILES:-tests/gpu} -q -p no:cacheprovider -s --timeout=900 2>&1 | quiet \
   | tee "$OUT/pytest_gpu.log" | tail -25; }
 has pytest-multi && { python3 -m pytest -m multigpu tests/gpu -q -p no:cacheprovider -s 2>&1 | quiet \
   | tee "$OUT/pytest_multigpu.log" | tail -15; }

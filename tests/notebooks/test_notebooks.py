@@ -97,7 +97,7 @@ def test_the_run_shares_one_cluster_between_the_notebooks_that_need_it(cpu_repor
 
 
 def test_01_records_the_divergence(cpu_report):
-    recs = [r for r in cpu_report["results"] if r["notebook"] == "01"]
+    recs = [r for r in cpu_report["results"] if r["notebook"] == "01" and r.get("kind", "case") == "case"]
     assert {(r["dispatcher"], r["router_dtype"]) for r in recs} == {
         (d, t) for d in ("allgather", "alltoall") for t in ("none", "fp32", "fp64")}
     for r in recs:
@@ -111,6 +111,24 @@ def test_01_records_the_divergence(cpu_report):
     assert by[("allgather", "fp64")]["cross_rank"]["mismatch_frac"] == 0
 
 
+def test_01_compares_every_layout_with_the_reference(cpu_report):
+    """#23 item 3: every layout of the cpu profile x dispatcher x router dtype (none, fp32) measured against EP=1, the
+    case's own layout on its record; the reference against itself is the control (equal); allgather at EP=4 sums a
+    token's expert outputs in another order than EP=1 (the gloo combine), so it differs from it."""
+    recs = [r for r in cpu_report["results"] if r["notebook"] == "01" and r.get("kind") == "layout"]
+    from moe_lab import profiles
+
+    p = profiles.load("cpu")
+    assert len(recs) == len(p["layouts"]) * len(p["dispatchers"]) * len(p["layout_router_dtypes"])
+    by = {(r["dispatcher"], r["router_dtype"], r["layout"]): r for r in recs}
+    for d in p["dispatchers"]:
+        assert by[(d, "none", "tp 1 × ep 1")]["vs_reference"]["bitwise_equal"]  # the control
+        tp2 = by[(d, "none", "tp 2 × ep 2")]
+        assert (tp2["tp"], tp2["ep"], tp2["etp"]) == (2, 2, 2) and tp2["grad_enabled"] is False
+        assert "grad_vs_nograd" in tp2 and tp2["stages_vs_reference"]["router.routing_map"]["numel"] > 0
+    assert not by[("allgather", "none", "tp 1 × ep 4")]["vs_reference"]["bitwise_equal"]
+
+
 def test_a_rerun_with_another_layer_parameter_reuses_nothing(cpu_report):
     """#12: notebook 01 again into the same report directory at seq_len 96: every case is measured anew (the resume
     key covers the layer), the old records stay in results.json, and the notebook shows only the new ones."""
@@ -120,7 +138,7 @@ def test_a_rerun_with_another_layer_parameter_reuses_nothing(cpu_report):
                         "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     after = [r for r in json.loads((out / "results.json").read_text()) if r["notebook"] == "01"]
-    assert len(after) == len(before) + 6
+    assert len(after) == len(before) + 6 + 20  # 01's cross-rank cases and its layout cases (5 x 2 x 2), anew
     assert sorted({x["config"]["seq_len"] for x in after}) == [96, 128]
     row = next(x for x in json.loads((out / "index.json").read_text())["notebooks"] if x["notebook"] == "01")
     assert "of 24,576 output elements" in row["verdict"] and "of 32,768" not in row["verdict"]  # 96 x 256 only
@@ -193,18 +211,20 @@ def test_lab_serves_the_notebooks():
 
 def test_a_rerun_with_the_same_parameters_says_it_reused_every_case(cpu_report):
     """#25 item 5: notebook 01 again into the same report with the cpu profile's own parameters: nothing is measured,
-    and the terminal, the notebook (and so its HTML) and the index all say 0 measured, 6 reused. The control is the
+    and the terminal, the notebook (and so its HTML) and the index all say 0 measured, 26 reused. The control is the
     seq_len=96 rerun above: it measured its 6 cases."""
     out = cpu_report["out"]
     r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", "cpu", "--only", "01", "--out",
                         str(out)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "01_reproduce_ep_divergence.ipynb: 0 case(s) measured, 6 reused from results.json" in r.stderr
+    assert "01_reproduce_ep_divergence.ipynb: 0 case(s) measured, 26 reused from results.json" in r.stderr
     row = next(x for x in json.loads((out / "index.json").read_text())["notebooks"] if x["notebook"] == "01")
-    assert (row["measured"], row["reused"]) == (0, 6)
-    said = "reproduce: 0 case(s) measured now, 6 reused from results.json"
-    assert said in (out / "01_reproduce_ep_divergence.ipynb").read_text()
-    assert said in (out / row["shared_html"]).read_text() and "0 measured, 6 reused" in (out / "index.html").read_text()
+    assert (row["measured"], row["reused"]) == (0, 26)  # 6 cross-rank cases + 20 layout cases
+    for said in ("reproduce: 0 case(s) measured now, 6 reused from results.json",
+                 "layouts: 0 case(s) measured now, 20 reused from results.json"):
+        assert said in (out / "01_reproduce_ep_divergence.ipynb").read_text()
+        assert said in (out / row["shared_html"]).read_text()
+    assert "0 measured, 26 reused" in (out / "index.html").read_text()
 
 
 def test_02_finds_the_combine_not_the_gather(cpu_report):
