@@ -40,21 +40,29 @@ def _gaps(res) -> dict:
                              for a, b in zip(res["lab"], res["megatron"]))}
 
 
+LOSS_TOL, NORM_TOL = 3e-4, 3e-3
+"""Measured on one H200 (2026-12-02, call 10): without deterministic mode the bf16 forward is not repeatable on the
+GPU — the step-1 loss of the same weights and batch read 1.4271264, 1.4271013, 1.4271142 (lab) and 1.4270933,
+1.4271040, 1.4271061 (megatron) in three runs, ~2e-5 apart — so no bitwise claim is made at step 1. Over 5 steps the
+lab and megatron stayed within 5.8e-5 (loss) and 6.4e-4 (gradient norm), while the control parted by 3.4e-2 and 5.1e-2.
+bf16 weights are reported, not asserted: Adam turns a run-to-run flip of a near-zero gradient into a full +-lr step,
+so most elements differ after 5 steps in every run (82 % here, 99 % for the control)."""
+
+
 @pytest.mark.parametrize("grad_reduce_fp32", [False, True])
 def test_the_lab_step_matches_megatrons_ddp_and_optimizer(one_rank, grad_reduce_fp32):
-    """To rounding: the same loss at step 1 bit for bit (same weights, same batch); over the steps the losses and
-    gradient norms within 1e-3 relative and at most 0.1 % of any weight tensor's bf16 elements differing (megatron's
-    norm kernel, or TE / apex FusedAdam where installed, may round the fp32 main weights differently; Adam turns a
-    flipped bf16 weight into a visible change a step later). Every figure is printed for the log."""
+    """To rounding: over 5 steps the losses within LOSS_TOL and the gradient norms within NORM_TOL relative of
+    megatron's DistributedDataParallel + get_megatron_optimizer (bf16 params, fp32 main weights, Adam). Every figure is
+    printed for the log; the control below shows the same check failing for a step that is not megatron's."""
     res, worst = _run(one_rank, grad_reduce_fp32=grad_reduce_fp32)
-    assert res["lab"][0]["loss"] == res["megatron"][0]["loss"]
     gaps = _gaps(res)
     print("gaps", gaps)
-    assert gaps["loss"] < 1e-3 and gaps["grad_norm"] < 1e-3, gaps
-    assert worst["mismatch_frac"] <= 1e-3, worst
+    assert gaps["loss"] < LOSS_TOL and gaps["grad_norm"] < NORM_TOL, gaps
 
 
 def test_control_another_learning_rate_is_told_apart(one_rank):
+    """The control: the lab's step with twice megatron's learning rate fails both bounds by far."""
     res, worst = _run(one_rank, lr_factor=2.0)
-    assert res["lab"][0]["loss"] == res["megatron"][0]["loss"]  # before the first update: equal
-    assert worst["mismatch_frac"] > 0.1, worst  # Adam steps ~lr per element: twice the lr moves most weights
+    gaps = _gaps(res)
+    print("control gaps", gaps)
+    assert gaps["loss"] > 10 * LOSS_TOL and gaps["grad_norm"] > 3 * NORM_TOL, gaps
