@@ -46,7 +46,7 @@ GPU — the step-1 loss of the same weights and batch read 1.4271264, 1.4271013,
 1.4271040, 1.4271061 (megatron) in three runs, ~2e-5 apart — so no bitwise claim is made at step 1. Over 5 steps the
 lab and megatron stayed within 5.8e-5 (loss) and 6.4e-4 (gradient norm), while the control parted by 3.4e-2 and 5.1e-2.
 bf16 weights are reported, not asserted: Adam turns a run-to-run flip of a near-zero gradient into a full +-lr step,
-so most elements differ after 5 steps in every run (82 % here, 99 % for the control)."""
+so most elements differ after 5 steps in every run (70-78 % here, 99 % for the control)."""
 
 
 @pytest.mark.parametrize("grad_reduce_fp32", [False, True])
