@@ -138,8 +138,6 @@ def _build(cfg: MoEConfig):
 
 def get_layer(cfg: MoEConfig):
     """The MoE layer for `cfg` on this rank, built once per layer-defining config (a warm cluster reuses it)."""
-    import torch.distributed as tdist
-
     _parallel_state(cfg)
     key = tuple(getattr(cfg, k) for k in _LAYER_KEYS)
     layers = STATE.setdefault("layers", {})
@@ -195,8 +193,6 @@ def get_stack(cfg: MoEConfig, n: int, *, distinct: bool):
     """`n` MoE layers for a depth experiment on this rank: the layer for `cfg` `n` times (the seed test's
     `[layer.mlp] * 4`), or `n` distinct layers seeded seed, seed+1, ... Cached per (config, n, distinct): one stack
     at a time, beside the case layers of `get_layer`."""
-    import torch.distributed as tdist
-
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"layers ({n!r}) must be a positive integer")
     key = (tuple(getattr(cfg, k) for k in _LAYER_KEYS), n, distinct)

@@ -18,7 +18,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -57,18 +56,9 @@ ATTACHED = """
 
 
 def _notebooks(nb_dir: Path) -> Path:
-    import nbformat
+    from tests.cluster.test_reliability import _notebooks as write
 
-    nb_dir.mkdir(parents=True)
-    for num, src in {"01": ATTACHED, "02": "print('02 ran')", "03": "print('03 ran')"}.items():
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_markdown_cell(f"# nb {num}"),
-                    nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'",
-                                              metadata={"tags": ["parameters"]}),
-                    nbformat.v4.new_code_cell(textwrap.dedent(src).strip(), metadata={"tags": ["verdict"]})]
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nbformat.write(nb, nb_dir / f"{num}_t.ipynb")
-    return nb_dir
+    return write(nb_dir, {"01": ATTACHED, "02": "print('02 ran')", "03": "print('03 ran')"})
 
 
 class Command:
