@@ -61,3 +61,19 @@ def test_a_layout_the_world_cannot_take_is_refused_before_engines_start():
     with pytest.raises(ValueError, match=r"layouts entry 'ep3' on 4 ranks: .*num_experts \(8\) must be divisible"):
         layouts.cases(p)
     assert len(layouts.cases(profiles.load("cpu", {"layouts": ["ep1", "tp2,ep2"]}))) == 2 * 2 * 2  # the control
+
+
+def test_switching_layouts_leaves_no_threads_behind(cpu_cluster):
+    """Each layout re-initialises megatron's parallel_state; the groups of the previous one are destroyed, so an
+    engine's OS threads do not grow with the number of switches (before the fix: ~20 gloo groups, each with its
+    threads, left per switch — ~890 threads per engine after this file's tests)."""
+    from moe_lab.engine import dist
+
+    base = MoEConfig(num_experts=8, topk=4)
+    _run(cpu_cluster, base, specs=("ep1", "ep4", "tp2,ep2"))  # warm: every kind of group made once
+    before = cpu_cluster.run(dist.thread_count)
+    for _ in range(3):
+        _run(cpu_cluster, base.replace(seed=base.seed + _ + 1), specs=("ep1", "ep4", "tp2,ep2", "tp2,ep2,etp1"))
+    after = cpu_cluster.run(dist.thread_count)
+    assert all(b > 0 for b in before), before
+    assert all(a - b <= 8 for a, b in zip(after, before)), (before, after)  # 12 more switches, no growth
