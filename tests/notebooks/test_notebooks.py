@@ -327,7 +327,7 @@ def test_06_training_layouts_reruns_and_the_budget_share(cpu_report, cpu_gemm):
     recs = [r for r in cpu_report["results"] if r["notebook"] == "06"]
     assert recs and all(r["available"] for r in recs), [r.get("reason") for r in recs if not r.get("available")]
     assert {(r["ep"], r["dp"], r["expert_dp"]) for r in recs} == {(1, 4, 4), (2, 4, 2), (4, 4, 1)}
-    assert all(r["layout"]["ep"] == r["ep"] and len(r["loss"]) == 50 for r in recs)
+    assert all(r["layout"] == f"tp 1 × ep {r['ep']}" and len(r["loss"]) == 50 for r in recs)
     assert len({r["weights_fp"][0] for r in recs if r["layers"] == 1}) == 1  # the same global initial weights
     det = [r for r in recs if r["setting"] == "plain" and r["deterministic"] and r["layers"] == 1]
     ref = next(r for r in det if r["ep"] == 1 and r["run"] == 0)
