@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -405,6 +406,17 @@ def _print_traceback(exc: BaseException) -> None:
 
 
 def main(argv=None) -> int:
+    from ..controller import interrupts
+
+    ap = build_parser()
+    a = ap.parse_args(argv)  # a bad flag: one line, SystemExit(2) (argparse's exit, like -h and --version)
+    # jupyter lab asks on Ctrl-C itself; every other command handles SIGINT/SIGTERM/SIGHUP for as long as it runs and
+    # gives the caller its own handlers back (an in-process caller — a test, a notebook — is not left with ours)
+    with interrupts.handling() if a.cmd != "lab" else contextlib.nullcontext():
+        return _main(a)
+
+
+def _main(a) -> int:
     from ..controller.diagnosis import ClusterError
     from ..reporting.results import ResultsFileError
     from ..tools.errors import InstallError
@@ -412,10 +424,6 @@ def main(argv=None) -> int:
     from ..controller import interrupts
     from ..fsio import ReportWriteError
 
-    ap = build_parser()
-    a = ap.parse_args(argv)  # a bad flag: one line, SystemExit(2) (argparse's exit, like -h and --version)
-    if a.cmd != "lab":  # jupyter lab asks on Ctrl-C itself
-        interrupts.install()
     debug = a.debug or a.verbose
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
