@@ -72,6 +72,7 @@ def test_index_cards_say_what_the_notebooks_say(cpu_report):
     from moe_lab.findings import registry
 
     nb_of = {e.name: e.notebook for e in registry.EXPERIMENTS}
+    nb_of.update({name: nb for nb, names in registry.NOTEBOOK_EXPERIMENTS.items() for name in names})  # 01: layouts
     assert index["cards"]
     for card in index["cards"]:
         assert card["placement"] and card["layer"]
