@@ -27,7 +27,7 @@ import torch.distributed as tdist
 from .. import metrics
 from ..config import MoEConfig
 from . import compat, layer as layer_mod
-from .dist import STATE, init_parallel_state
+from .dist import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -60,19 +60,11 @@ class _Param:
 def build_stack(cfg: MoEConfig, layers: int, *, ep: int, precision: str = "bf16") -> list:
     """`layers` fresh (uncached: training changes them) MoE layers at expert-parallel size `ep` (the rest of the world
     data parallel), layer i seeded from seed + i: expert g's weights depend on (seed, i, g) only, never on EP."""
-    from megatron.core import parallel_state as ps
-
     if precision not in PRECISIONS:
         raise ValueError(f"precision ({precision!r}) must be one of {', '.join(PRECISIONS)}")
-    init_parallel_state(tp=cfg.tp, ep=ep)
-    out = []
-    for i in range(layers):
-        c = cfg.replace(seed=cfg.seed + i, dtype="fp32" if precision == "fp64" else cfg.dtype)
-        lyr = compat.build_moe_layer(c, ep=ep, tp=c.tp, device=STATE["device"])
-        layer_mod.init_weights(lyr, c, ep_rank=ps.get_expert_model_parallel_rank(),
-                               tp_rank=ps.get_tensor_model_parallel_rank(), tp=c.tp)
-        out.append(lyr.to(PRECISIONS[precision]))
-    return out
+    cfg = cfg.replace(ep=ep, dtype="fp32" if precision == "fp64" else cfg.dtype)
+    layer_mod._parallel_state(cfg)  # the one build path: parallel_state for the layout, then build + seed each layer
+    return [layer_mod._build(cfg.replace(seed=cfg.seed + i))[0].to(PRECISIONS[precision]) for i in range(layers)]
 
 
 def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
