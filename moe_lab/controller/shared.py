@@ -75,16 +75,28 @@ def for_run(config: ClusterConfig, path: Path):
         cluster.stop(graceful=ok)
 
 
-def attach(config: ClusterConfig):
-    """The run's shared cluster as a Cluster of this process if MOE_LAB_SHARED_CLUSTER names one whose config is
-    `config` and whose engines answer a health all-reduce; else None (the caller starts its own)."""
+def _published() -> dict | None:
     where = os.environ.get(ENV)
     if not where:
         return None
     try:
-        d = json.loads(Path(where).read_text())
+        return json.loads(Path(where).read_text())
     except (OSError, ValueError) as e:
         logger.info("no shared cluster to attach to (%s: %s)", where, e)
+        return None
+
+
+def serves(config: ClusterConfig) -> bool:
+    """Whether the run's shared cluster (if there is one) has exactly `config`: no connection made."""
+    d = _published()
+    return d is not None and d.get("config") == _key(config)
+
+
+def attach(config: ClusterConfig):
+    """The run's shared cluster as a Cluster of this process if MOE_LAB_SHARED_CLUSTER names one whose config is
+    `config` and whose engines answer a health all-reduce; else None (the caller starts its own)."""
+    d = _published()
+    if d is None:
         return None
     if d.get("config") != _key(config):
         logger.info("the run's shared cluster has another config than these cases need: starting one of their own")

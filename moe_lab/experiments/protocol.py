@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..config import ClusterConfig, MoEConfig, check_cut
+from ..controller.engine_sets import EngineSets
 from ..layout import Layout
 from ..reporting import results as results_file
 from ..reporting.results import latest  # noqa: F401 - the records a notebook's latest run showed
@@ -218,7 +219,6 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
              whose key is already there is not measured again, its records are returned as they were.
     progress: progress(iterable, description) → iterable (a tqdm); on_record: called with each new record.
     """
-    from ..controller.cluster import ClusterError
     from .. import profiles
 
     cases = list(cases if cases is not None else experiment.cases(params))
@@ -232,7 +232,6 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
             if r.get("case_key"):
                 done.setdefault(r["case_key"], []).append(r)
     wheels = wheels or (params or {}).get("wheels")
-    own = cluster is None
     by_case: dict[int, list[dict]] = {}
     plan = []  # per group: its cluster config, release, env and case keys; the cases still to measure
     n_reused = 0
@@ -258,10 +257,10 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
         if todo:
             plan.append((cfg_g, release, env0, keys, todo))
-    pending = None  # the next group's own cluster, launched early (after a shared one)
+    sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, what stops
     try:
         for i, (cfg_g, release, env0, keys, todo) in enumerate(plan):
-            cluster, pending = _ensure(cluster, cfg_g, release, wheels, pending)
+            cluster = sets.ensure(_target(cfg_g, release, wheels))
             env = environment(cluster)
             actual = {k: env.get(k) for k in ENV_KEY}
             if actual["megatron_core"] != env0["megatron_core"]:
@@ -269,9 +268,8 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                                    f"{env0['megatron_core']}: check `moe-lab versions list`")
             if actual != {k: env0.get(k) for k in ENV_KEY}:  # e.g. a GPU the controller could not name
                 keys = {id(c): case_key(c, actual, cfg_g) for c in todo}
-            nxt = _next_start(cluster, *plan[i + 1][:2], wheels) if i + 1 < len(plan) else None
-            if nxt is not None and nxt[0] == "own":
-                pending = nxt[1]
+            if i + 1 < len(plan):
+                sets.prefetch(_target(*plan[i + 1][:2], wheels))
             items = progress(todo, f"{experiment.NAME} ({env0['megatron_core']})") if progress else todo
             for c in items:
                 recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
@@ -281,18 +279,11 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     if on_record:
                         on_record(r)
                 by_case[id(c)] = recs
-                if nxt is not None:  # the next group's engines import while this group's cases run
-                    (pending or cluster).warm(**nxt[2])
+                sets.tick()  # the next group's engines import while this group's cases run
     except BaseException as e:
-        if pending is not None:
-            pending.stop(graceful=False)
-        if own and cluster is not None:  # after Ctrl-C or an engine failure the engines may be mid-collective
-            cluster.stop(graceful=not isinstance(e, (KeyboardInterrupt, ClusterError)))
+        sets.close(e)
         raise
-    if pending is not None:  # launched for a group that did not need it
-        pending.stop()
-    if own and cluster is not None:
-        cluster.stop()
+    sets.close()
     out = [r for c in cases for r in by_case.get(id(c), [])]
     n_measured = sum(len(p[4]) for p in plan)
     n_skipped = len(cases) - n_measured - n_reused
@@ -349,56 +340,9 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     return out
 
 
-def _changes(ccfg: ClusterConfig, release: str, wheels: str | None) -> dict:
-    """The fields engines read at start that a group needs (its release's path, engine env, deterministic start)."""
-    changes = dict(extra_path=release_path(release, wheels), env=ccfg.env)
-    if ccfg.device == "cuda":
-        changes["deterministic"] = ccfg.deterministic
-    return changes
-
-
-def _differs(cfg: ClusterConfig, changes: dict) -> bool:
-    return any(getattr(cfg, k) != v for k, v in changes.items())
-
-
-def _next_start(cluster, cfg_n: ClusterConfig, release: str, wheels: str | None):
-    """Get the next group's engines going while this group runs (GPU nodes and machines with cores to spare:
-    `prestart_wanted`): ('spare', None, changes) — the cluster's next engine set, launched now —, ('own', Cluster,
-    changes) — a cluster of its own launched now, where this one is a run's shared cluster —, or None (same
-    engines serve the next group, or no early start wanted)."""
-    from ..controller.cluster import Cluster, prestart_wanted
-
-    changes = _changes(cfg_n, release, wheels)
-    if not _differs(cluster.config, changes) or not prestart_wanted(cluster.config):
-        return None
-    if cluster.attached:
-        logger.info("launching the next group's own cluster now (this one is the run's shared cluster)")
-        return ("own", Cluster(cluster.config.replace(**changes)).launch(), {})
-    return ("spare", None, changes) if cluster.prestart() else None
-
-
-def _ensure(cluster, ccfg: ClusterConfig, release: str, wheels: str | None, pending=None):
-    """A running cluster whose engines import `release` (and on GPUs start with the deterministic environment),
-    and what is left of `pending` (a cluster launched early for this group: started here, or None)."""
-    from ..controller.cluster import Cluster
-
-    changes = _changes(ccfg, release, wheels)
-    from ..controller import shared
-
-    if cluster is None:
-        target = ccfg.replace(**changes)
-        return shared.attach(target) or Cluster(target).start(), pending
-    if cluster.client is None:
-        cluster.config = cluster.config.replace(**changes)
-        return cluster.start(), pending
-    if _differs(cluster.config, changes):
-        if cluster.attached:  # the run's shared cluster stays as it is for the next notebook
-            cluster.stop()
-            if pending is not None and pending.config == cluster.config.replace(**changes):
-                return pending.start(), None
-            return Cluster(cluster.config.replace(**changes)).start(), pending
-        cluster.restart_engines(**changes)
-    return cluster, pending
+def _target(ccfg: ClusterConfig, release: str, wheels: str | None) -> ClusterConfig:
+    """The cluster a group needs: its config with its release first on the engines' path."""
+    return ccfg.replace(extra_path=release_path(release, wheels))
 
 
 def shared_config(params: dict) -> ClusterConfig:

@@ -117,13 +117,40 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tm
     monkeypatch.setenv("MOE_LAB_PRESTART", "1")
     before = _our_ipp_processes()
     with shared.for_run(protocol.shared_config(P), tmp_path / "cluster.json") as c:
-        with caplog.at_level(logging.INFO, logger="moe_lab.experiments.protocol"):
+        with caplog.at_level(logging.INFO, logger="moe_lab.controller.engine_sets"):
             recs = protocol.run(reproduce, P, cases=_two_release_cases())
         assert "launching the next group's own cluster now" in caplog.text
         assert [r["shared_cluster"] for r in recs] == [True, False]
         assert [r["megatron_core"] for r in recs] == [compat.installed_version(), OTHER]
         assert all(h["ok"] for h in c.health_check())  # the shared cluster stays for the next notebook
     left = _our_ipp_processes() - before
+    assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(tmp_path, monkeypatch, caplog):
+    """Another release first, then the installed one: the second group runs on the run's shared cluster again (no
+    restart back of the first group's own engines, which stop); without a shared cluster (the control) it runs on
+    the own cluster restarted back. The records are the same either way (CPU forwards are deterministic)."""
+    import logging
+
+    monkeypatch.setenv("MOE_LAB_PRESTART", "0")
+    cases = reproduce.cases(P)
+    cases = [dataclasses.replace(c, release=OTHER) for c in cases] + cases
+    before = _our_ipp_processes()
+    plain = protocol.run(reproduce, P, cases=cases)
+    assert [r["shared_cluster"] for r in plain] == [False, False]
+    with shared.for_run(protocol.shared_config(P), tmp_path / "cluster.json") as c:
+        with caplog.at_level(logging.INFO, logger="moe_lab.controller.engine_sets"):
+            recs = protocol.run(reproduce, P, cases=cases)
+        assert "back on the run's shared cluster" in caplog.text
+        assert [r["shared_cluster"] for r in recs] == [False, True]
+        assert all(h["ok"] for h in c.health_check())
+    assert [r["megatron_core"] for r in recs] == [r["megatron_core"] for r in plain] == [
+        OTHER, compat.installed_version()]
+    assert [r["cross_rank"]["n_mismatch"] for r in recs] == [r["cross_rank"]["n_mismatch"] for r in plain]
+    left = _our_ipp_processes() - before
+    import psutil
+
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 

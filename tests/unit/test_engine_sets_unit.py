@@ -1,0 +1,103 @@
+"""The one owner of engine sets (#22), with fake clusters: which cluster serves each group, what is restarted,
+what goes back to the run's shared cluster, and what is stopped at the end."""
+
+import pytest
+
+from moe_lab.config import ClusterConfig
+from moe_lab.controller import engine_sets, shared
+from moe_lab.controller.cluster import ClusterError
+
+BASE = ClusterConfig(device="cpu", engines=2)
+OLD = BASE.replace(extra_path=("/releases/0.11.0",))
+MID = BASE.replace(extra_path=("/releases/0.12.3",))
+
+
+class FakeCluster:
+    made: list = []
+
+    def __init__(self, config, attached=False):
+        self.config, self.attached, self.client, self.events = config, attached, None, []
+        FakeCluster.made.append(self)
+
+    def start(self):
+        self.client = object()
+        self.events.append("start")
+        return self
+
+    def launch(self):
+        self.events.append("launch")
+        return self
+
+    def restart_engines(self, **changes):
+        self.config = self.config.replace(**changes)
+        self.events.append(("restart", tuple(sorted(changes))))
+        return self
+
+    def stop(self, graceful=True):
+        self.events.append(("stop", graceful) if not self.attached else "detach")
+        self.client = None
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """A run whose shared cluster has BASE: `attach` hands out a fresh attached client of it, like controller.shared."""
+    FakeCluster.made = []
+    attached = []
+
+    def attach(config):
+        if config != BASE:
+            return None
+        c = FakeCluster(config, attached=True).start()
+        attached.append(c)
+        return c
+
+    monkeypatch.setattr(shared, "attach", attach)
+    monkeypatch.setattr(shared, "serves", lambda config: config == BASE)
+    monkeypatch.setattr("moe_lab.controller.cluster.Cluster", FakeCluster)
+    monkeypatch.setattr("moe_lab.controller.cluster.prestart_wanted", lambda cfg: False)
+    return attached
+
+
+def test_a_release_detour_goes_back_to_the_shared_cluster_without_a_restart(world):
+    sets = engine_sets.EngineSets()
+    assert sets.ensure(OLD).events == ["start"] and not sets.current.attached  # its own: the shared one has BASE
+    own = sets.current
+    assert sets.ensure(MID) is own and own.events[-1] == ("restart", ("extra_path",))
+    back = sets.ensure(BASE)
+    assert back.attached and back is world[0]  # the shared cluster again
+    assert own.events[-1] == ("stop", True)  # the detour's own cluster ended, not restarted back
+    sets.close()
+    assert back.events[-1] == "detach"  # never stopped, only detached
+    assert sum(e == "start" for c in FakeCluster.made for e in c.events) == 2  # own + one attach; no third start
+
+
+def test_without_a_shared_cluster_the_own_cluster_is_restarted_back_and_stopped_at_close(world, monkeypatch):
+    monkeypatch.setattr(shared, "attach", lambda config: None)
+    monkeypatch.setattr(shared, "serves", lambda config: False)
+    sets = engine_sets.EngineSets()
+    own = sets.ensure(OLD)
+    assert sets.ensure(BASE) is own and own.events[-1] == ("restart", ("extra_path",))  # the control: a restart
+    sets.close(KeyboardInterrupt())
+    assert own.events[-1] == ("stop", False)  # after Ctrl-C: no waiting on engines that may be mid-collective
+
+
+def test_the_shared_cluster_is_detached_not_restarted_and_the_callers_cluster_is_never_stopped(world):
+    sets = engine_sets.EngineSets()
+    first = sets.ensure(BASE)
+    assert first.attached
+    own = sets.ensure(MID)
+    assert own is not first and first.events[-1] == "detach" and not own.attached
+    sets.close()
+    assert own.events[-1] == ("stop", True)
+
+    mine = FakeCluster(BASE).start()
+    sets = engine_sets.EngineSets(mine)
+    assert sets.ensure(MID) is mine and mine.events[-1] == ("restart", ("extra_path",))  # restarted in place
+    sets.close(ClusterError("engine 1 died"))
+    assert all(not (isinstance(e, tuple) and e[0] == "stop") for e in mine.events)  # the caller's: not stopped
+
+
+def test_changes_name_only_the_start_fields_that_differ():
+    assert engine_sets.changes(BASE, BASE) == {}
+    assert engine_sets.changes(BASE, OLD) == {"extra_path": ("/releases/0.11.0",)}
+    assert engine_sets.changes(BASE, BASE.replace(env=(("NCCL_ALGO", "Ring"),))) == {"env": (("NCCL_ALGO", "Ring"),)}
