@@ -6,8 +6,9 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig, TrainParams,
+from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig,
                      check_cut, seconds_ok)
+from .params import SECTIONS
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
@@ -17,7 +18,7 @@ _KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dt
                            "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
                            "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
                            "truncation_tiles", "model", "scale", "layouts", "layout_reference",
-                           "layout_router_dtypes", "training"}
+                           "layout_router_dtypes", "training", "presets"}
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -62,7 +63,8 @@ def check(params: dict, where: str = "parameters") -> None:
         base_moe(params)  # MoEConfig checks sizes (and a preset, its scale)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    TrainParams.from_dict(params.get("training"), where)  # notebook 06's object, checked against its dataclass
+    for key, section in SECTIONS.items():  # an experiment's own object (06: training, 07: presets): its dataclass
+        section.from_dict(params.get(key), where)
     rel = params.get("releases", [])
     if isinstance(rel, str):
         rel = params["releases"] = [v for v in rel.split(",") if v]

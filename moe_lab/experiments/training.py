@@ -19,7 +19,7 @@ import logging
 import zlib
 
 from .. import stats
-from ..config import TrainParams
+from ..params import TrainParams
 from ..layout import Layout
 from . import protocol
 from .protocol import Case

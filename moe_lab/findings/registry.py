@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import compound, layouts, localise, promotion, reproduce, training, truncation
+from . import compound, layouts, localise, presets, promotion, reproduce, training, truncation
 from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Finding
 
 
@@ -30,6 +30,8 @@ EXPERIMENTS = (
                compound.findings),
     Experiment("06", training.EXPERIMENT, "Trained at EP 1, 2, 4: how soon and how far do runs part, and why?",
                training.findings),
+    Experiment("07", presets.EXPERIMENT, "Your model: do a production MoE layer's EP ranks agree, where do they part, "
+               "and which setting fixes it at what cost?", presets.findings),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 NOTEBOOK_EXPERIMENTS = {"01": (reproduce.EXPERIMENT, layouts.EXPERIMENT)}

@@ -23,10 +23,11 @@ def verdict(fs: list[Finding], *, title: str = "") -> str:
 def caveat(card: dict) -> str | None:
     """Where a card's divergence rests on a collective's reduction order: that collective and what another transport
     may do — from the card's own findings (02's first divergent collective, the records' backend)."""
-    rs = [f for f in card["findings"] if f.experiment == "reproduce" and f.subject.get("attribution", "").startswith("ep")]
+    rs = [f for f in card["findings"] if f.question == "ranks agree" and f.subject.get("attribution", "").startswith("ep")]
     if not rs:
         return None
-    loc = next((f for f in card["findings"] if f.experiment == "localise" and f.subject.get("collective")), None)
+    loc = next((f for f in card["findings"] if f.question == "first divergent stage" and f.subject.get("collective")),
+               None)
     backend = "nccl" if "nccl" in card["placement"].lower() else "gloo"
     what = (f"the combine's collective {loc.subject['collective']} (first divergent stage {loc.subject['first_stage']})"
             if loc else "the dispatcher's collectives (first divergent stage not localised on this card)")

@@ -262,12 +262,13 @@ def divergence_growth(stage_rows: pd.DataFrame, ax=None):
     return ax
 
 
-def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
-    """Release x dispatcher (rows) by remedy (columns): bitwise mismatch; ✓ marks cells where ranks are bitwise equal
-    and a rerun is too; n/a = the release lacks the setting."""
+def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None, by: str = "release"):
+    """Release x dispatcher (rows; `by="model"`: model preset x dispatcher) by remedy (columns): bitwise mismatch; ✓
+    marks cells where ranks are bitwise equal and a rerun is too; n/a = the release lacks the setting."""
     rows = []
     for r in records:
-        row = {"release / dispatcher": f"{r['megatron_core']} / {r['dispatcher']}",
+        first = (r.get("config") or {}).get("model") or "?" if by == "model" else r["megatron_core"]
+        row = {"release / dispatcher": f"{first} / {r['dispatcher']}",
                "setting": ("router " + r["router_dtype"] + (" +pf32" if r["probs_fp32_gather"] else "")
                            + (" +det" if r["deterministic"] else ""))}
         na = "skipped" in r or not r[metric].get("applicable", True)
@@ -283,7 +284,7 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None):
     ax = ax or plt.subplots(figsize=(1.05 * t.shape[1] + 3, 0.55 * t.shape[0] + 2.2))[1]
     zero_aware_heatmap(t, ax, annot=lab.fillna("n/a"), label=f"{metric} mismatch fraction (worst trial)")
     ax.set_xlabel("")
-    ax.set_ylabel("")
+    ax.set_ylabel("model / dispatcher" if by == "model" else "")
     ax.set_title(f"{metric}: ✓ = ranks and rerun bitwise equal in every trial; green = 0; grey = n/a", fontsize=10)
     return ax
 

@@ -92,7 +92,7 @@ def test_the_run_shares_one_cluster_between_the_notebooks_that_need_it(cpu_repor
     for r in cpu_report["results"]:
         if "skipped" not in r:  # a setting the release lacks: a record made without any cluster
             by_nb.setdefault(r["notebook"], set()).add(r.get("shared_cluster"))
-    shared = ("01", "02", "04", "05", "06")
+    shared = ("01", "02", "04", "05", "06", "07")
     assert {nb: by_nb.get(nb) for nb in shared} == {nb: {True} for nb in shared}
     assert by_nb["03"] == {False}
 

@@ -35,6 +35,17 @@ def cell(d="allgather", r="none", pf32=False, det=False, cross=0, rerun=0, ratio
                 **kw)
 
 
+def preset07(model, d="allgather", r="none", det=False, cross=0, rerun=0, first=None, ratio=1.0, ci=(0.95, 1.05),
+             **kw):
+    """A notebook-07 cell (experiments.presets: 03's cell on a model preset's layer)."""
+    c = cell(d, r, det=det, cross=cross, rerun=rerun, ratio=ratio, ci=ci, **kw)
+    c.update(notebook="07", experiment="presets", case_key=f"07/{model}/{d}/{r}/{det}",
+             config=dict(ENV["config"], model=model), first_divergent_stage=first,
+             first_divergent_kind="replicated" if first else None, probs_dtype="bfloat16",
+             combine_op="reduce_scatter_tensor", combine_dtype="bfloat16")
+    return c
+
+
 def case04(d, remedy, trunc, rerun=None, ratio=1.0, ci=(0.97, 1.03), world=4, ws="unset", emu="none", tile=None,
            **kw):
     return dict(ENV, notebook="04", kind="case", case_key=f"04/{d}/{remedy}/{world}/{ws}/{emu}/{tile}", available=True,

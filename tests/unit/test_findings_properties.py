@@ -6,7 +6,7 @@ import math
 import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
-from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01, train06
+from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, preset07, rec01, train06
 
 from moe_lab.findings import NOT_MEASURED, PASS, Cost, registry, render
 from moe_lab.findings.common import choose
@@ -46,7 +46,7 @@ def records(draw):
     for _ in range(draw(st.integers(0, 4))):
         s = draw(subject())
         d = draw(st.sampled_from(["allgather", "alltoall"]))
-        kind = draw(st.sampled_from(["01", "02", "03", "04", "05", "06", "k", "skip"]))
+        kind = draw(st.sampled_from(["01", "02", "03", "04", "05", "06", "07", "k", "skip"]))
         cross = draw(comparison()) if s["world"] > 1 else {"applicable": False, "reason": "world size 1", "trials": 5}
         if kind == "01":
             out.append(rec01(d, draw(st.sampled_from(["none", "fp32"])), cross, draw(comparison()), **s))
@@ -77,6 +77,13 @@ def records(draw):
                 out.append(train06(ep, det=det, part_at=part, **s))
                 if draw(st.booleans()):
                     out.append(train06(ep, 1, det=det, part_at=draw(st.sampled_from([None, 1])), tag="rerun", **s))
+        elif kind == "07":  # a preset's grid: any cell may be missing, the plain one too
+            model = draw(st.sampled_from(["qwen3-30b-a3b", "deepseek-v3 x0.125 (scaled)"]))
+            for r, det in draw(st.sets(st.sampled_from([("none", False), ("fp32", False), ("none", True)]))):
+                c = preset07(model, d, r, det=det, first=draw(st.sampled_from([None, "combine.comm"])), **s)
+                c.update(cross_rank=draw(comparison()) if s["world"] > 1 else cross, rerun=draw(comparison()),
+                         cost=draw(cost()))
+                out.append(c)
         elif kind == "k":
             out.append(kernel04(draw(st.sampled_from(["fc1", "fc2"])), draw(st.sampled_from([128, 256])),
                                 draw(st.booleans()), **{k: v for k, v in s.items() if k != "world"}))

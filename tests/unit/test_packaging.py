@@ -1,5 +1,6 @@
 """environment.yml and pyproject.toml must name the same dependencies (and the layout of the design card exists)."""
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -39,6 +40,8 @@ def test_notebooks_are_committed_without_outputs():
     import nbformat
 
     for p in (ROOT / "notebooks").glob("*.ipynb"):
+        raw = json.loads(p.read_text())
+        assert all(c.get("id") for c in raw["cells"]), f"{p.name}: a cell without an id (nbformat 4.5 wants one)"
         nb = nbformat.read(p, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":

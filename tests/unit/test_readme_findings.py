@@ -38,7 +38,7 @@ def test_findings_cli_reads_a_report_without_torch():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert out["records"] > 0 and set(out["findings"]) == {"01", "02", "03", "04", "05", "06"}
+    assert out["records"] > 0 and set(out["findings"]) == {"01", "02", "03", "04", "05", "06", "07"}
     bad = subprocess.run([sys.executable, "-m", "moe_lab.cli", "findings", str(ROOT / "nowhere")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no results.json" in bad.stderr

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from records_factory import pack, train06
 
-from moe_lab.config import TrainParams
+from moe_lab.params import TrainParams
 from moe_lab.layout import Layout
 from moe_lab.findings import FAIL, MIXED, NOT_MEASURED, PASS, registry
 from moe_lab.findings import training as ft
