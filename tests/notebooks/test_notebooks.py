@@ -343,3 +343,22 @@ def test_06_training_layouts_reruns_and_the_budget_share(cpu_report, cpu_gemm):
     print(f"notebook 06: {len(recs)} runs in {share:.0f} s of cases (bf16 GEMM {slow['worst_ratio']:.1f}x fp32)")
     if slow["worst_ratio"] <= BF16_FAST:
         assert share < 120
+
+
+def test_07_answers_for_each_scaled_preset(cpu_report):
+    """Two presets scaled to 1/8, each labelled so; per preset the allgather's plain bf16 ranks part at EP=4 (the
+    combine's reduce-scatter order over gloo, as notebook 01 shows for the seed layer) and the findings name where
+    and what fixes it; every preset x dispatcher has its row."""
+    from moe_lab.findings import presets as found
+
+    recs = [r for r in cpu_report["results"] if r["notebook"] == "07"]
+    models = {r["config"]["model"] for r in recs}
+    assert models == {"qwen3-30b-a3b x0.125 (scaled)", "moonlight-16b-a3b x0.125 (scaled)"}
+    assert len(recs) == 2 * 2 * 2 and all("skipped" not in r for r in recs)
+    for m in models:
+        plain = next(r for r in recs if r["config"]["model"] == m and r["dispatcher"] == "allgather"
+                     and r["router_dtype"] == "none")
+        assert plain["cross_rank"]["n_mismatch"] > 0 and plain["first_divergent_stage"] == "combine.comm"
+    rows = found.rows(recs)
+    assert {(r["model"], r["dispatcher"]) for r in rows} == {(m, d) for m in models for d in ("allgather", "alltoall")}
+    assert all(r["first divergent stage"] == "combine.comm" for r in rows if r["dispatcher"] == "allgather")
