@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -247,7 +246,7 @@ class Cluster:
                 break
             if time.monotonic() > next_look:  # an engine that died before registering: said now, not at the deadline
                 next_look = time.monotonic() + 0.5
-                ended = self._ended_engines()
+                ended = diagnosis.ended_engines(self)
                 if ended:
                     raise ClusterError(f"{len(ended)} of {cfg.engines} engine process(es) ended before registering "
                                        f"({'; '.join(ended)}), {len(new)} registered; run one by hand to see why: "
@@ -419,21 +418,21 @@ class Cluster:
                         del pending[i]
                 now = time.monotonic()
                 if errors or now >= next_check:
-                    self._raise_if_dead(what, errors)
+                    diagnosis.raise_if_dead(self, what, errors)
                     next_check = now + LIVENESS_EVERY_S
                 if errors:
                     if any(not diagnosis.is_collective_error(e) for e in errors.values()):
-                        self._raise_failed(what, ranks, errors, pending)  # a plain exception: report it at once
+                        diagnosis.raise_failed(self, what, ranks, errors, pending)  # a plain exception: report it at once
                     # A collective failed: give the other ranks the grace to report the same failure (its victims
                     # are still formatting their own timeout), then name the cause (#16: never a victim).
                     if grace_until is None:
                         grace_until = min(now + COLLECTIVE_GRACE_S, deadline)
                     if not pending or now >= grace_until:
-                        self._raise_collective(what, ranks, results, errors, pending, now - t0)
+                        diagnosis.raise_collective(self, what, ranks, results, errors, pending, now - t0)
                 if not pending:
                     break
                 if now > deadline:
-                    self._raise_timeout(what, ranks, results, pending, timeout)
+                    diagnosis.raise_timeout(self, what, ranks, results, pending, timeout)
                 next(iter(pending.values())).wait(0.05)
         except KeyboardInterrupt:
             logger.warning("interrupted during %s: stopping the engines (start the cluster again to go on)", what)
@@ -441,166 +440,16 @@ class Cluster:
             raise
         return [results[i] for i in range(len(ars))]
 
-    # ------------------------------------------------------------------ failure reports
-    def _dead_ranks(self) -> dict[int, str]:
-        """rank → how its engine ended, for every engine whose process is gone (or that left the controller)."""
-        dead = {}
-        here = platform.node()
-        try:
-            registered = set(self.client.ids) if self.client is not None else set()
-        except Exception:  # noqa: BLE001 - a closed client: pids below still tell
-            registered = set(self.engine_ids)
-        for rank, eid in enumerate(self.engine_ids):
-            proc = self._procs[rank] if rank < len(self._procs) else None
-            if proc and proc["node"] == here:
-                how = processes.pid_gone(proc["pid"])
-                if how is not None:
-                    dead[rank] = self._exit_status(proc["pid"]) or how
-                    continue
-            if eid not in registered:
-                # An engine's nanny tells the hub as soon as the engine's pipe closes, while the kernel is still
-                # ending the process: wait for it to end, so the report carries its signal or exit code (#16).
-                if proc and proc["node"] == here and self._wait_gone(proc["pid"]):
-                    dead[rank] = self._exit_status(proc["pid"]) or processes.pid_gone(proc["pid"]) or "process gone"
-                else:  # a stopped engine misses its heartbeats: the hub drops it while its process lives (#25)
-                    state = diagnosis.process_state(proc["pid"]) if proc and proc["node"] == here else None
-                    dead[rank] = "unregistered from the controller" + (f": it is {state}" if state else "")
-        return dead
+    # ------------------------------------------------------------------ what failure reports read
+    @property
+    def procs(self) -> list[dict]:
+        """Per rank: pid, node, main_thread, stack_file (dist.identify) — what `diagnosis` names a rank by."""
+        return self._procs
 
-    @staticmethod
-    def _wait_gone(pid: int, wait_s: float = 2.0) -> bool:
-        """True once `pid` has ended (within `wait_s`); False if it still runs."""
-        deadline = time.monotonic() + wait_s
-        while processes.pid_gone(pid) is None:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
-    def _ended_engines(self) -> list[str]:
-        """'pid N: exit code C' / 'pid N: killed by SIGKILL' for each engine process of the current engine set that
-        has ended (engines this process launched itself: the local launcher; other launchers report nothing here)."""
-        es = self._ipp.engines.get(self._engine_set) if self._ipp is not None and self._engine_set is not None else None
-        out = []
-        for launcher in list(getattr(es, "launchers", {}).values()):
-            proc = getattr(launcher, "process", None)
-            if proc is not None and processes.pid_gone(proc.pid) is not None:
-                out.append(f"pid {proc.pid}: {self._exit_status(proc.pid) or processes.pid_gone(proc.pid)}")
-        for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():  # reaped by ipyparallel
-            if isinstance(data, dict) and data.get("pid") and not any(f"pid {data['pid']}:" in o for o in out):
-                out.append(f"pid {data['pid']}: {self._exit_status(data['pid']) or 'process gone'}")
-        return out
-
-    def _exit_status(self, pid: int) -> str:
-        """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it). Once
-        ipyparallel has noticed the exit (promptly where its event loop runs, e.g. in a notebook's kernel) the engine's
-        launcher is gone and its code is in the engine set's stop_data: read there first."""
-        for es in (self._ipp.engines.values() if self._ipp is not None else ()):
-            for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():
-                if isinstance(data, dict) and data.get("pid") == pid and data.get("exit_code") is not None:
-                    return processes.describe_exit(data["exit_code"])
-        for es in (self._ipp.engines.values() if self._ipp is not None else ()):
-            for launcher in list(getattr(es, "launchers", {}).values()):
-                proc = getattr(launcher, "process", None)
-                if proc is None or proc.pid != pid:
-                    continue
-                # ipyparallel's launcher thread reaps its engines and psutil caches the code; when the check here
-                # races that thread (zombie not yet reaped, or reaped under us), give it a moment, then retry.
-                deadline = time.monotonic() + 2.0
-                while True:
-                    try:
-                        code = proc.wait(timeout=0)
-                    except Exception:  # noqa: BLE001 - still exiting, or being reaped by the launcher thread
-                        code = getattr(proc, "returncode", None)
-                    if code is not None or time.monotonic() > deadline:
-                        return processes.describe_exit(code) if code is not None else ""
-                    time.sleep(0.05)
-        return ""
-
-    def _raise_if_dead(self, what: str, errors: dict) -> None:
-        from ipyparallel.error import EngineError
-
-        dead = self._dead_ranks()
-        if not dead and not any(isinstance(e, EngineError) for e in errors.values()):
-            return
-        if not dead:  # the hub saw it die before we did
-            dead = {r: "the controller lost it" for r, eid in enumerate(self.engine_ids)
-                    if any(isinstance(e, EngineError) and str(eid) in str(e) for e in errors.values())}
-        parts = []
-        for rank, how in sorted(dead.items()):
-            pid = self._procs[rank]["pid"] if rank < len(self._procs) else "?"
-            verb = "was dropped" if how.startswith("unregistered from the controller: it is") else "died"
-            parts.append(f"rank {rank} (engine {self.engine_ids[rank]}, pid {pid}) {verb} during {what} ({how})")
-        self.stop(graceful=False)
-        raise ClusterError("; ".join(parts) + "; the other engines were stopped: start the cluster again",
-                           kind="died", ranks=sorted(dead), stopped=True)
-
-    def _raise_failed(self, what, ranks, errors, pending) -> None:
-        i = min(i for i, e in errors.items() if not diagnosis.is_collective_error(e))
-        msg = (f"rank {ranks[i]} ({self._who(ranks[i])}) failed in {what}: "
-               f"{diagnosis.remote_message(errors[i])}")
-        where = self._where([ranks[j] for j in pending])
-        waiting = sorted(r for r, (c, _) in where.items() if c)
-        if not waiting:
-            raise ClusterError(msg, kind="failed", ranks=[ranks[i]]) from errors[i]
-        # The others wait for it in a collective that can only time out and break the process group.
-        msg += (f"; rank(s) {waiting} are {where[waiting[0]][1]} for it, which can only time out: the engines were "
-                "stopped, start the cluster again")
-        self.stop(graceful=False)
-        raise ClusterError(msg, kind="failed", ranks=[ranks[i]], stopped=True) from errors[i]
-
-    def _raise_collective(self, what, ranks, results, errors, pending, elapsed) -> None:
-        """A collective failed on some ranks (its timeout, or a broken peer): name the ranks that caused it."""
-        failed = sorted(ranks[i] for i in errors)
-        first = errors[min(errors)]
-        coll, caller = diagnosis.collective_of_error(first)
-        where = self._where([ranks[i] for i in pending])
-        culprits, notes = diagnosis.blame(
-            ranks, returned={ranks[i] for i in results}, errored=set(failed),
-            pending={ranks[i]: where.get(ranks[i]) for i in pending})
-        msg = (f"{what}: collective {coll or '(unknown)'}{f' in {caller}' if caller else ''} failed on rank(s) "
-               f"{failed} after {elapsed:.1f} s ({diagnosis.remote_message(first).splitlines()[0][:300]})")
-        if culprits:
-            msg += (f"; the cause: rank(s) {culprits} did not join it ("
-                    + "; ".join(f"{n} ({self._who(r)})" for r, n in zip(culprits, notes)) + ")")
-        else:
-            msg += "; every rank entered it, so the cause is in the collective itself (network, backend, a peer)"
-        msg += ". The process group is broken: the engines were stopped, start the cluster again"
-        self.stop(graceful=False)
-        raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True) from first
-
-    def _raise_timeout(self, what, ranks, results, pending, timeout) -> None:
-        waiting = sorted(ranks[i] for i in pending)
-        where = self._where(waiting)
-        msg = f"{what}: rank(s) {waiting} did not answer within {timeout:.0f} s"
-        in_coll = [r for r in waiting if r in where and where[r][0]]
-        if where:
-            msg += " (" + "; ".join(f"rank {r} is {where[r][1]} ({self._who(r)})" for r in waiting if r in where) + ")"
-        if in_coll:
-            culprits, notes = diagnosis.blame(ranks, returned={ranks[i] for i in results}, errored=set(),
-                                              pending={r: where.get(r) for r in waiting})
-            msg += (f"; hung collective {where[in_coll[0]][0]}: rank(s) {culprits} did not join it ("
-                    + "; ".join(f"{n} ({self._who(r)})" for r, n in zip(culprits, notes))
-                    + "). The engines were stopped, start the cluster again")
-            self.stop(graceful=False)
-            raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True)
-        stopped = [r for r in waiting if where.get(r, (None, ""))[1].startswith("stopped")]
-        if stopped:
-            pids = " ".join(str(self._procs[r]["pid"]) for r in stopped)
-            msg += (f"; rank(s) {stopped} cannot go on until resumed: `kill -CONT {pids}`, or stop the cluster and "
-                    "start it again")
-        else:
-            msg += ("; they keep running and later calls wait behind them: stop the cluster and start it again if "
-                    "they hang")
-        raise ClusterError(msg, kind="timeout", ranks=waiting)
-
-    def _who(self, rank: int) -> str:
-        """'engine 3, pid 1234' for a rank."""
-        pid = self._procs[rank]["pid"] if rank < len(self._procs) else "?"
-        return f"engine {self.engine_ids[rank]}, pid {pid}"
-
-    def _where(self, ranks: list[int], wait_s: float = 1.0) -> dict[int, tuple[str | None, str]]:
-        return diagnosis.where(self._procs, ranks, wait_s)
+    def engine_sets(self) -> tuple[list, object]:
+        """ipyparallel's engine sets this cluster launched, and the current one (None before start)."""
+        es = self._ipp.engines if self._ipp is not None else {}
+        return list(es.values()), es.get(self._engine_set) if self._engine_set is not None else None
 
     def summary(self) -> dict:
         i0 = self.info[0] if self.info else {}

@@ -1,5 +1,6 @@
 """Controller side: why a call on the engines failed — which rank, doing what — from remote tracebacks, the engine
-processes and stack dumps the engines write on SIGUSR1. Pure functions, except `where` (signals engines on this host).
+processes and stack dumps the engines write on SIGUSR1. Pure functions, except `where` (signals engines on this host)
+and, at the end, a cluster's failure reports (`raise_*`: they read the cluster's processes and stop its engines).
 
 Blame rule for a collective that failed or hung (#16): a rank is named only if it is the cause — it returned without
 calling the collective, it is busy outside any collective, or its process is gone. Ranks that report the same
@@ -13,6 +14,8 @@ import platform
 import re
 import signal
 import time
+
+from . import processes
 
 
 class ClusterError(RuntimeError):
@@ -198,4 +201,169 @@ def collective_of_error(e: BaseException) -> tuple[str | None, str | None]:
     return _collective_of(_remote_frames(e))
 
 
-__all__ = ["ClusterError", "where", "blame", "remote_message", "is_collective_error", "collective_of_error"]
+# ---------------------------------------------------------------------- a cluster's failures (#22: diagnosis lives
+# here): which of its engines ended and how, and the ClusterError each kind of failure raises (the engines stopped
+# first where the process group cannot go on). `cluster` is a controller.cluster.Cluster.
+def dead_ranks(cluster) -> dict[int, str]:
+    """rank → how its engine ended, for every engine whose process is gone (or that left the controller)."""
+    dead = {}
+    here = platform.node()
+    try:
+        registered = set(cluster.client.ids) if cluster.client is not None else set()
+    except Exception:  # noqa: BLE001 - a closed client: pids below still tell
+        registered = set(cluster.engine_ids)
+    for rank, eid in enumerate(cluster.engine_ids):
+        proc = cluster.procs[rank] if rank < len(cluster.procs) else None
+        if proc and proc["node"] == here:
+            how = processes.pid_gone(proc["pid"])
+            if how is not None:
+                dead[rank] = exit_status(cluster, proc["pid"]) or how
+                continue
+        if eid not in registered:
+            # An engine's nanny tells the hub as soon as the engine's pipe closes, while the kernel is still
+            # ending the process: wait for it to end, so the report carries its signal or exit code (#16).
+            if proc and proc["node"] == here and wait_gone(proc["pid"]):
+                dead[rank] = exit_status(cluster, proc["pid"]) or processes.pid_gone(proc["pid"]) or "process gone"
+            else:  # a stopped engine misses its heartbeats: the hub drops it while its process lives (#25)
+                state = process_state(proc["pid"]) if proc and proc["node"] == here else None
+                dead[rank] = "unregistered from the controller" + (f": it is {state}" if state else "")
+    return dead
+
+def wait_gone(pid: int, wait_s: float = 2.0) -> bool:
+    """True once `pid` has ended (within `wait_s`); False if it still runs."""
+    deadline = time.monotonic() + wait_s
+    while processes.pid_gone(pid) is None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+def ended_engines(cluster) -> list[str]:
+    """'pid N: exit code C' / 'pid N: killed by SIGKILL' for each engine process of the current engine set that
+    has ended (engines this process launched itself: the local launcher; other launchers report nothing here)."""
+    es = cluster.engine_sets()[1]
+    out = []
+    for launcher in list(getattr(es, "launchers", {}).values()):
+        proc = getattr(launcher, "process", None)
+        if proc is not None and processes.pid_gone(proc.pid) is not None:
+            out.append(f"pid {proc.pid}: {exit_status(cluster, proc.pid) or processes.pid_gone(proc.pid)}")
+    for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():  # reaped by ipyparallel
+        if isinstance(data, dict) and data.get("pid") and not any(f"pid {data['pid']}:" in o for o in out):
+            out.append(f"pid {data['pid']}: {exit_status(cluster, data['pid']) or 'process gone'}")
+    return out
+
+def exit_status(cluster, pid: int) -> str:
+    """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it). Once
+    ipyparallel has noticed the exit (promptly where its event loop runs, e.g. in a notebook's kernel) the engine's
+    launcher is gone and its code is in the engine set's stop_data: read there first."""
+    for es in cluster.engine_sets()[0]:
+        for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():
+            if isinstance(data, dict) and data.get("pid") == pid and data.get("exit_code") is not None:
+                return processes.describe_exit(data["exit_code"])
+    for es in cluster.engine_sets()[0]:
+        for launcher in list(getattr(es, "launchers", {}).values()):
+            proc = getattr(launcher, "process", None)
+            if proc is None or proc.pid != pid:
+                continue
+            # ipyparallel's launcher thread reaps its engines and psutil caches the code; when the check here
+            # races that thread (zombie not yet reaped, or reaped under us), give it a moment, then retry.
+            deadline = time.monotonic() + 2.0
+            while True:
+                try:
+                    code = proc.wait(timeout=0)
+                except Exception:  # noqa: BLE001 - still exiting, or being reaped by the launcher thread
+                    code = getattr(proc, "returncode", None)
+                if code is not None or time.monotonic() > deadline:
+                    return processes.describe_exit(code) if code is not None else ""
+                time.sleep(0.05)
+    return ""
+
+def raise_if_dead(cluster, what: str, errors: dict) -> None:
+    from ipyparallel.error import EngineError
+
+    dead = dead_ranks(cluster)
+    if not dead and not any(isinstance(e, EngineError) for e in errors.values()):
+        return
+    if not dead:  # the hub saw it die before we did
+        dead = {r: "the controller lost it" for r, eid in enumerate(cluster.engine_ids)
+                if any(isinstance(e, EngineError) and str(eid) in str(e) for e in errors.values())}
+    parts = []
+    for rank, how in sorted(dead.items()):
+        pid = cluster.procs[rank]["pid"] if rank < len(cluster.procs) else "?"
+        verb = "was dropped" if how.startswith("unregistered from the controller: it is") else "died"
+        parts.append(f"rank {rank} (engine {cluster.engine_ids[rank]}, pid {pid}) {verb} during {what} ({how})")
+    cluster.stop(graceful=False)
+    raise ClusterError("; ".join(parts) + "; the other engines were stopped: start the cluster again",
+                       kind="died", ranks=sorted(dead), stopped=True)
+
+def raise_failed(cluster, what, ranks, errors, pending) -> None:
+    i = min(i for i, e in errors.items() if not is_collective_error(e))
+    msg = (f"rank {ranks[i]} ({who(cluster, ranks[i])}) failed in {what}: "
+           f"{remote_message(errors[i])}")
+    where = _where_in(cluster, [ranks[j] for j in pending])
+    waiting = sorted(r for r, (c, _) in where.items() if c)
+    if not waiting:
+        raise ClusterError(msg, kind="failed", ranks=[ranks[i]]) from errors[i]
+    # The others wait for it in a collective that can only time out and break the process group.
+    msg += (f"; rank(s) {waiting} are {where[waiting[0]][1]} for it, which can only time out: the engines were "
+            "stopped, start the cluster again")
+    cluster.stop(graceful=False)
+    raise ClusterError(msg, kind="failed", ranks=[ranks[i]], stopped=True) from errors[i]
+
+def raise_collective(cluster, what, ranks, results, errors, pending, elapsed) -> None:
+    """A collective failed on some ranks (its timeout, or a broken peer): name the ranks that caused it."""
+    failed = sorted(ranks[i] for i in errors)
+    first = errors[min(errors)]
+    coll, caller = collective_of_error(first)
+    where = _where_in(cluster, [ranks[i] for i in pending])
+    culprits, notes = blame(
+        ranks, returned={ranks[i] for i in results}, errored=set(failed),
+        pending={ranks[i]: where.get(ranks[i]) for i in pending})
+    msg = (f"{what}: collective {coll or '(unknown)'}{f' in {caller}' if caller else ''} failed on rank(s) "
+           f"{failed} after {elapsed:.1f} s ({remote_message(first).splitlines()[0][:300]})")
+    if culprits:
+        msg += (f"; the cause: rank(s) {culprits} did not join it ("
+                + "; ".join(f"{n} ({who(cluster, r)})" for r, n in zip(culprits, notes)) + ")")
+    else:
+        msg += "; every rank entered it, so the cause is in the collective itself (network, backend, a peer)"
+    msg += ". The process group is broken: the engines were stopped, start the cluster again"
+    cluster.stop(graceful=False)
+    raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True) from first
+
+def raise_timeout(cluster, what, ranks, results, pending, timeout) -> None:
+    waiting = sorted(ranks[i] for i in pending)
+    where = _where_in(cluster, waiting)
+    msg = f"{what}: rank(s) {waiting} did not answer within {timeout:.0f} s"
+    in_coll = [r for r in waiting if r in where and where[r][0]]
+    if where:
+        msg += " (" + "; ".join(f"rank {r} is {where[r][1]} ({who(cluster, r)})" for r in waiting if r in where) + ")"
+    if in_coll:
+        culprits, notes = blame(ranks, returned={ranks[i] for i in results}, errored=set(),
+                                          pending={r: where.get(r) for r in waiting})
+        msg += (f"; hung collective {where[in_coll[0]][0]}: rank(s) {culprits} did not join it ("
+                + "; ".join(f"{n} ({who(cluster, r)})" for r, n in zip(culprits, notes))
+                + "). The engines were stopped, start the cluster again")
+        cluster.stop(graceful=False)
+        raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True)
+    stopped = [r for r in waiting if where.get(r, (None, ""))[1].startswith("stopped")]
+    if stopped:
+        pids = " ".join(str(cluster.procs[r]["pid"]) for r in stopped)
+        msg += (f"; rank(s) {stopped} cannot go on until resumed: `kill -CONT {pids}`, or stop the cluster and "
+                "start it again")
+    else:
+        msg += ("; they keep running and later calls wait behind them: stop the cluster and start it again if "
+                "they hang")
+    raise ClusterError(msg, kind="timeout", ranks=waiting)
+
+def who(cluster, rank: int) -> str:
+    """'engine 3, pid 1234' for a rank."""
+    pid = cluster.procs[rank]["pid"] if rank < len(cluster.procs) else "?"
+    return f"engine {cluster.engine_ids[rank]}, pid {pid}"
+
+def _where_in(cluster, ranks: list[int], wait_s: float = 1.0) -> dict[int, tuple[str | None, str]]:
+    return where(cluster.procs, ranks, wait_s)
+
+
+__all__ = ["ClusterError", "where", "blame", "remote_message", "is_collective_error", "collective_of_error",
+           "dead_ranks", "ended_engines", "exit_status", "raise_if_dead", "raise_failed", "raise_collective",
+           "raise_timeout", "who"]
