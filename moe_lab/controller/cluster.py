@@ -23,6 +23,7 @@ from .placement import default_config
 logger = logging.getLogger(__name__)
 
 PROFILE_PREFIX = "moe_lab_ipp_"
+DETACH_TIMEOUT_S = 10.0  # how long engines of a shared cluster get to drop their cached layers when a notebook leaves
 LIVENESS_EVERY_S = 0.5  # how often a waiting call checks that every engine process still exists (#7)
 COLLECTIVE_GRACE_S = 3.0  # after one rank's collective fails, how long to wait for the others' answers; and
 # how much longer than the process-group timeout a call waits by default
@@ -122,6 +123,58 @@ class Cluster:
             self.stop(graceful=False)
             raise
         return self
+
+    # ------------------------------------------------------------------ a run's shared cluster (controller.shared)
+    def handle(self) -> dict:
+        """What a client in another process needs to attach to this cluster (`connect`): controller, engines, ranks."""
+        return {"profile_dir": self._profile_dir, "cluster_id": getattr(self._ipp, "cluster_id", ""),
+                "engine_ids": list(self.engine_ids), "info": self.info, "procs": self._procs,
+                "rendezvous": list(self.rendezvous or ())}
+
+    @classmethod
+    def connect(cls, config: ClusterConfig, handle: dict, *, timeout: float) -> "Cluster":
+        """A client of a running cluster of another process (its `handle()` plus `client_file`): the same controller,
+        engines, process group and parallel_state. It is `attached`: stop() detaches, and it is never restarted."""
+        import ipyparallel as ipp
+
+        c = cls(config)
+        c.client = ipp.Client(handle["client_file"], profile_dir=handle["profile_dir"],
+                              cluster_id=handle["cluster_id"], timeout=timeout)
+        try:
+            missing = sorted(set(handle["engine_ids"]) - set(c.client.ids))
+            if missing:
+                raise RuntimeError(f"engines {missing} of the shared cluster are gone")
+            c.engine_ids, c.info, c._procs = list(handle["engine_ids"]), handle["info"], handle["procs"]
+            c.rendezvous = tuple(handle["rendezvous"]) or None
+            c._profile_dir, c.attached = handle["profile_dir"], True
+            c.view = c.client.direct_view(targets=c.engine_ids)
+            c.view.block = True
+            c.health_check()
+        except BaseException:
+            c.client.close()
+            raise
+        return c
+
+    def _detach(self, graceful: bool) -> None:
+        """Leave an attached cluster: graceful — its engines drop their cached layers and stay up for the next
+        notebook; otherwise (a fault, Ctrl-C) its engines are ended, so nothing runs on engines in an unknown state."""
+        from ..engine import dist
+
+        if graceful and self.client is not None and self.engine_ids:
+            try:
+                self.run(dist.release_caches, what="dropping cached layers", timeout=DETACH_TIMEOUT_S)
+            except Exception as e:  # noqa: BLE001 - the engines are ended below instead
+                logger.warning("the shared cluster's engines did not drop their layers (%s); ending them", e)
+                graceful = False
+        if not graceful and self._profile_dir:
+            processes.kill_engines(self._profile_dir)
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.client = self.view = None
+        self.engine_ids, self._profile_dir = [], None
 
     def restart_engines(self, **changes) -> "Cluster":
         """New engines under the same controller and client, with `changes` applied to the config (the fields the
@@ -327,9 +380,7 @@ class Cluster:
         Whatever happens, no process of this cluster outlives it: leftovers are killed.
         """
         if self.attached:
-            from . import shared
-
-            return shared.detach(self, graceful)
+            return self._detach(graceful)
         t0 = time.perf_counter()
         if graceful and self.client is not None and self.engine_ids:
             self._teardown_engines()

@@ -5,8 +5,9 @@ starts in 01-04). The runner starts the cluster its notebooks' cases begin on, w
 the notebook kernels through MOE_LAB_SHARED_CLUSTER. A kernel whose cases need exactly that cluster config attaches to
 it (`attach`: a client of the same controller, the same engines, process group and parallel_state); any other config
 (another megatron-core release, EP=1, a deterministic environment) starts a cluster of its own as before. When the
-kernel is done it detaches (`detach`): the engines drop their cached layers and stay up for the next notebook. A fault
-on an attached cluster ends its engines, so the next notebook starts its own. The runner stops the cluster at the end.
+kernel is done it detaches (`Cluster.stop` of an attached cluster): the engines drop their cached layers and stay up
+for the next notebook. A fault on an attached cluster ends its engines, so the next notebook starts its own. The
+runner stops the cluster at the end. This module imports `cluster`, never the other way round.
 """
 
 from __future__ import annotations
@@ -35,10 +36,7 @@ def publish(cluster, path: Path) -> None:
     files = sorted(Path(cluster.profile_dir, "security").glob("ipcontroller-*client.json"))  # one controller per profile
     if len(files) != 1:
         raise RuntimeError(f"{cluster.profile_dir}: expected one controller connection file, found {len(files)}")
-    d = {"config": _key(cluster.config), "profile_dir": cluster.profile_dir, "client_file": str(files[0]),
-         "cluster_id": getattr(cluster._ipp, "cluster_id", ""), "engine_ids": cluster.engine_ids,
-         "info": cluster.info, "procs": cluster._procs, "rendezvous": list(cluster.rendezvous or ()),
-         "owner_pid": os.getpid()}
+    d = {"config": _key(cluster.config), "client_file": str(files[0]), **cluster.handle(), "owner_pid": os.getpid()}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(d, default=str))
     os.replace(tmp, path)
@@ -101,50 +99,12 @@ def attach(config: ClusterConfig):
     if d.get("config") != _key(config):
         logger.info("the run's shared cluster has another config than these cases need: starting one of their own")
         return None
-    import ipyparallel as ipp
-
     from .cluster import Cluster
 
-    cluster = Cluster(config)
     try:
-        cluster.client = ipp.Client(d["client_file"], profile_dir=d["profile_dir"], cluster_id=d["cluster_id"],
-                                    timeout=ATTACH_TIMEOUT_S)
-        missing = sorted(set(d["engine_ids"]) - set(cluster.client.ids))
-        if missing:
-            raise RuntimeError(f"engines {missing} of the shared cluster are gone")
-        cluster.engine_ids, cluster.info, cluster._procs = list(d["engine_ids"]), d["info"], d["procs"]
-        cluster.rendezvous = tuple(d["rendezvous"]) or None
-        cluster._profile_dir, cluster.attached = d["profile_dir"], True
-        cluster.view = cluster.client.direct_view(targets=cluster.engine_ids)
-        cluster.view.block = True
-        cluster.health_check()
+        cluster = Cluster.connect(config, d, timeout=ATTACH_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - any failure: this notebook starts its own cluster
         logger.warning("could not attach to the run's shared cluster (%s: %s); starting one", type(e).__name__, e)
-        if cluster.client is not None:
-            cluster.client.close()
         return None
     logger.info("attached to the run's shared cluster: %s", cluster.summary())
     return cluster
-
-
-def detach(cluster, graceful: bool) -> None:
-    """Leave an attached cluster: graceful — its engines drop their cached layers and stay up for the next notebook;
-    otherwise (a fault, Ctrl-C) its engines are ended, so nothing runs on engines in an unknown state."""
-    from ..engine import dist
-    from . import processes
-
-    if graceful and cluster.client is not None and cluster.engine_ids:
-        try:
-            cluster.run(dist.release_caches, what="dropping cached layers", timeout=ATTACH_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - the engines are ended below instead
-            logger.warning("the shared cluster's engines did not drop their layers (%s); ending them", e)
-            graceful = False
-    if not graceful and cluster.profile_dir:
-        processes.kill_engines(cluster.profile_dir)
-    if cluster.client is not None:
-        try:
-            cluster.client.close()
-        except Exception:  # noqa: BLE001
-            pass
-    cluster.client = cluster.view = None
-    cluster.engine_ids, cluster._profile_dir = [], None

@@ -16,7 +16,17 @@ import statistics
 import zlib
 
 from .common import choice_text, choose, cost, groups, guarded
-from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Count, Evidence, Finding, case_keys, commits_of, subject_of
+from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Count, Evidence, Finding, case_keys, commits_of
+from .model import subject_of as _subject_of
+
+
+def subject_of(rec: dict, **extra) -> dict:
+    """A run's subject: its layer says the tokens of a step's global batch (the profile's seq_len is not used by a
+    training run, whose every step draws `tokens` tokens)."""
+    cfg = rec.get("config") if isinstance(rec, dict) else None
+    if isinstance(cfg, dict) and isinstance(rec.get("tokens"), int):
+        rec = {**rec, "config": {**cfg, "seq_len": rec["tokens"]}}
+    return _subject_of(rec, **extra)
 
 EXPERIMENT = "training"
 QUESTION = "layouts agree"
