@@ -229,7 +229,7 @@ class MoEConfig:
 
 ROUTER_FEATURES = ("score_function", "pre_softmax", "expert_bias", "num_groups", "group_topk", "topk_scaling_factor",
                    "shared_ffn", "gated", "capacity_factor", "drop_policy", "pad_to_capacity")
-"""MoEConfig fields that map to megatron-core router/expert features (compat.FEATURE_FIELDS names each one)."""
+"""MoEConfig fields that map to megatron-core router/expert features (releases.FEATURE_FIELDS names each one)."""
 
 
 def describe_features(sizes: str, model: str, features: dict) -> str:

@@ -75,7 +75,7 @@ def check(params: dict, where: str = "parameters") -> None:
         raise ValueError(f"{where}: releases ({rel!r}) names a release twice")
     for v in rel:
         if v != "installed":
-            from .engine.compat import check_supported, parse_version
+            from .releases import check_supported, parse_version
 
             try:
                 parse_version(v)

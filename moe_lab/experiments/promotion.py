@@ -162,10 +162,10 @@ def dtype_story(records: list[dict]) -> str:
 
 
 def _vt(v: str):
-    from ..engine import compat
+    from .. import releases
 
     try:
-        return compat.parse_version(v)
+        return releases.parse_version(v)
     except ValueError:
         return (0, 0, 0)
 

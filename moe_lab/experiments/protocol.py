@@ -96,36 +96,36 @@ def layout_fields(case: Case, world) -> dict:
 
 def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> None:
     """Everything about a case that can be wrong before an engine runs it: raise ValueError naming it."""
-    from ..engine import compat
+    from .. import releases
 
     cfg.resolved_ep(world)
-    compat.check_config(cfg, megatron_version)
+    releases.check_config(cfg, megatron_version)
     check_cut(cut, cfg.seq_len)
 
 
 def not_applicable_in_release(case: Case, version: str) -> str | None:
     """An experiment's `not_applicable` when a setting the release lacks (a router dtype before 0.12, an option
     before its release) should give a record that says so (shown as n/a) rather than stop the run."""
-    from ..engine import compat
+    from .. import releases
 
     try:
-        compat.check_config(case.moe, version)
+        releases.check_config(case.moe, version)
     except ValueError as e:
         return str(e)
     return None
 
 
 def release_version(release: str) -> str:
-    from ..engine import compat
+    from .. import releases
 
-    return compat.installed_version() if release == INSTALLED else compat.normalize_version(release)
+    return releases.installed_version() if release == INSTALLED else releases.normalize_version(release)
 
 
 def release_path(release: str, wheels: str | None = None) -> tuple[str, ...]:
     """sys.path entries for a release: () for the installed one, else its side-by-side folder (installed if missing)."""
-    from ..engine import compat
+    from .. import releases
 
-    if release == INSTALLED or compat.normalize_version(release) == compat.installed_version():
+    if release == INSTALLED or releases.normalize_version(release) == releases.installed_version():
         return ()
     from ..tools import versions
 

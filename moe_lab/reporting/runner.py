@@ -457,11 +457,11 @@ def _meta(profile: str, params: dict) -> dict:
 
     import torch
 
-    from ..engine import compat
+    from .. import releases
 
     return {"profile": profile, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-            "megatron-core (controller)": compat.installed_version(),
+            "megatron-core (controller)": releases.installed_version(),
             "parameters": json.dumps(profiles.public(params))}
 
 

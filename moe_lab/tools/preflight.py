@@ -2,7 +2,7 @@
 what is left out and why, and the memory per rank and per GPU — or a one-line refusal (exit 2) for a layout the layer
 cannot take. Torch-free: it reads the presets (`moe_lab.models`), the layout rules (`moe_lab.layout`) and the router
 features' rules (`config.MoEConfig`); the release checks of the engine's compat layer (it imports torch) are not
-run here — every feature a preset sets ships in each release the lab builds (`compat.FEATURE_FIELDS`).
+run here — every feature a preset sets ships in each release the lab builds (`releases.FEATURE_FIELDS`).
 
 Memory is `tools.scale.plan`'s calculation at TP=1 (parameters exactly; one forward's activations as megatron-core
 0.16.1's unfused path allocates them, the lab's comparisons around it), with the expert weights divided by ETP for a

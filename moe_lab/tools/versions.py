@@ -34,7 +34,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from ..engine import compat
+from .. import releases
 from .errors import InstallError
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def normalize(version: str) -> str:
     """The canonical spelling of a megatron-core release ('0.12.0', '0.16.0rc0'); ValueError for anything else."""
     if not isinstance(version, str):
         raise ValueError(f"megatron-core version ({version!r}) must be a string like 0.16.1")
-    compat.parse_version(version)  # X.Y.Z or ValueError
+    releases.parse_version(version)  # X.Y.Z or ValueError
     try:
         v = Version(version.strip())
     except InvalidVersion as e:
@@ -99,7 +99,7 @@ def install(version: str, *, from_dir: str | os.PathLike | None = None, pip_args
     as is unless `force`. Everything checkable (version string, support on this Python, from_dir) is checked first.
     """
     v = normalize(version)
-    compat.check_supported(v)
+    releases.check_supported(v)
     find_links = check_from_dir(from_dir, v) if from_dir is not None else None
     final = version_dir(v)
     if _installed(final) and not force:

@@ -37,7 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from ..engine import compat
+from .. import releases
 from . import versions
 
 logger = logging.getLogger(__name__)
@@ -98,8 +98,8 @@ def platform_tags(platform: str) -> list[str]:
 def _check_python(python: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+)\.(\d+)", str(python).strip())
     py = (int(m.group(1)), int(m.group(2))) if m else None
-    if py not in compat.SUPPORTED:
-        allowed = ", ".join(f"{a}.{b}" for a, b in sorted(compat.SUPPORTED))
+    if py not in releases.SUPPORTED:
+        allowed = ", ".join(f"{a}.{b}" for a, b in sorted(releases.SUPPORTED))
         raise ValueError(f"python ({python!r}) must be one the lab supports: {allowed}")
     return py
 
@@ -276,7 +276,7 @@ def build(out_dir: str | os.PathLike, *, python: str = "3.12", platform: str = "
     mvs = []
     for v in (megatron_versions,) if isinstance(megatron_versions, str) else megatron_versions:
         n = versions.normalize(v)
-        compat.check_supported(n, python=py)  # e.g. 0.17+ only on Python >= 3.12
+        releases.check_supported(n, python=py)  # e.g. 0.17+ only on Python >= 3.12
         if n not in mvs:
             mvs.append(n)
     reqs = _check_requirements(list(REQUIREMENTS if requirements is None else requirements)

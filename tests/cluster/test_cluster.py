@@ -116,7 +116,7 @@ def test_restart_engines_switches_release_and_keeps_the_controller():
     processes that import the other megatron-core; the cluster answers again, then switches back."""
     import psutil
 
-    from moe_lab.engine import compat
+    from moe_lab import releases
     from moe_lab.experiments import protocol
 
     other = protocol.release_path("0.12.3", None)  # installed side by side (cached, shared with notebook 03)
@@ -124,7 +124,7 @@ def test_restart_engines_switches_release_and_keeps_the_controller():
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
         ipp_cluster, profile, reaper = c._ipp, c.profile_dir, c._reaper.pid
         old_ids, old_pids = list(c.engine_ids), [p["pid"] for p in c._procs]
-        assert c.summary()["megatron_core"] == compat.installed_version()
+        assert c.summary()["megatron_core"] == releases.installed_version()
         with pytest.raises(ValueError, match="cannot change"):
             c.restart_engines(engines=3)
 
@@ -138,6 +138,6 @@ def test_restart_engines_switches_release_and_keeps_the_controller():
         assert a["trials"][0]["rerun"]["bitwise_equal"] and a["out_shape"] == [16, 1, 32]
 
         c.restart_engines(extra_path=())
-        assert c.summary()["megatron_core"] == compat.installed_version()
+        assert c.summary()["megatron_core"] == releases.installed_version()
         c.health_check()
     assert not os.path.exists(profile)

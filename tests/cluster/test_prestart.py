@@ -11,7 +11,7 @@ from moe_lab import profiles
 from moe_lab.config import ClusterConfig
 from moe_lab.controller import processes, shared
 from moe_lab.controller.cluster import Cluster, prestart_wanted
-from moe_lab.engine import compat
+from moe_lab import releases
 from moe_lab.experiments import protocol, reproduce
 
 pytestmark = pytest.mark.cluster
@@ -59,7 +59,7 @@ def test_a_spare_warmed_for_another_release_is_not_used():
         _warm_until_sent(c, extra_path=other)
         spare_ids = list(c._spare["ids"])
         c.restart_engines(extra_path=(), env=(("MOE_LAB_TEST_X", "1"),))
-        assert c.summary()["megatron_core"] == compat.installed_version()
+        assert c.summary()["megatron_core"] == releases.installed_version()
         assert c.timings["imports_s"] > 0.5, c.timings  # fresh engines import torch + megatron-core themselves
         assert not set(c.engine_ids) & set(spare_ids) and len(_engines(c)) == 4
         assert c.run(os.getenv, "MOE_LAB_TEST_X") == ["1", "1"]
@@ -104,7 +104,7 @@ def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(mon
         early = protocol.run(reproduce, P, cases=_two_release_cases())
     assert "launched 2 spare engines" in caplog.text and "(launched early)" in caplog.text
     assert [r["megatron_core"] for r in early] == [r["megatron_core"] for r in plain] == [
-        compat.installed_version(), OTHER]
+        releases.installed_version(), OTHER]
     assert [r["rerun"]["n_mismatch"] for r in early] == [r["rerun"]["n_mismatch"] for r in plain]
     assert [r["cross_rank"]["n_mismatch"] for r in early] == [r["cross_rank"]["n_mismatch"] for r in plain]
 
@@ -121,7 +121,7 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tm
             recs = protocol.run(reproduce, P, cases=_two_release_cases())
         assert "launching the next group's own cluster now" in caplog.text
         assert [r["shared_cluster"] for r in recs] == [True, False]
-        assert [r["megatron_core"] for r in recs] == [compat.installed_version(), OTHER]
+        assert [r["megatron_core"] for r in recs] == [releases.installed_version(), OTHER]
         assert all(h["ok"] for h in c.health_check())  # the shared cluster stays for the next notebook
     left = _our_ipp_processes() - before
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
@@ -146,7 +146,7 @@ def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_clu
         assert [r["shared_cluster"] for r in recs] == [False, True]
         assert all(h["ok"] for h in c.health_check())
     assert [r["megatron_core"] for r in recs] == [r["megatron_core"] for r in plain] == [
-        OTHER, compat.installed_version()]
+        OTHER, releases.installed_version()]
     assert [r["cross_rank"]["n_mismatch"] for r in recs] == [r["cross_rank"]["n_mismatch"] for r in plain]
     left = _our_ipp_processes() - before
     import psutil

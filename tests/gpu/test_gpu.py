@@ -163,7 +163,7 @@ def test_restart_engines_switches_release_on_gpus(nccl_cluster):
     """#5 on NCCL: switching megatron-core release restarts only the engines (same controller), one per GPU."""
     from pathlib import Path
 
-    from moe_lab.engine import compat
+    from moe_lab import releases
     from moe_lab.experiments import protocol
 
     wheels = Path(os.environ.get("MOE_LAB_RELEASES", ".whl/releases"))
@@ -181,4 +181,4 @@ def test_restart_engines_switches_release_on_gpus(nccl_cluster):
         print(f"restart to {other}: {t['restart_s']:.1f} s; the cold start took {cold:.1f} s")
     finally:
         nccl_cluster.restart_engines(extra_path=())
-    assert nccl_cluster.summary()["megatron_core"] == compat.installed_version()
+    assert nccl_cluster.summary()["megatron_core"] == releases.installed_version()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_lab.engine import compat
+from moe_lab import releases
 from moe_lab.tools import versions
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -20,8 +20,8 @@ OLD = "0.12.0"  # a release the lab supports on 3.11 and 3.12, older than the ve
 
 
 def _supported_range():
-    lo, hi = compat.SUPPORTED[sys.version_info[:2]]
-    return compat.parse_version(lo + ".0"), compat.parse_version(hi + ".0")
+    lo, hi = releases.SUPPORTED[sys.version_info[:2]]
+    return releases.parse_version(lo + ".0"), releases.parse_version(hi + ".0")
 
 
 @pytest.fixture
@@ -291,8 +291,8 @@ def real_cache(tmp_path_factory, old_wheel_dir):
 
 
 def _import_in_subprocess(path) -> str:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from moe_lab.engine import compat; "
-            "import megatron.core as mc; print(compat.installed_version(), mc.__file__)")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from moe_lab import releases; "
+            "import megatron.core as mc; print(releases.installed_version(), mc.__file__)")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.strip().splitlines()[-1]
