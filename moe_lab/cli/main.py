@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from .argtypes import count as _count, model_list as _models, notebooks as _notebooks, nonempty as _nonempty, \
@@ -462,5 +463,8 @@ def _main(a) -> int:
               f"process(es) in {took:.1f} s, {tail}", file=sys.stderr)
         sys.stderr.flush()
         logging.disable(logging.CRITICAL)  # library atexit hooks (torch's cache stats) after the last line: none
+        # ipyparallel's sync wrappers cut off mid-start leave a coroutine that Python warns about when it is collected
+        # (`Cluster.connect_client was never awaited`): nothing is lost — the engines were ended above —, so no line
+        warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
         return interrupts.exit_code()
 

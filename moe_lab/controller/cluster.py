@@ -168,13 +168,16 @@ class Cluster:
                 graceful = False
         if not graceful and self._profile_dir:
             processes.kill_engines(self._profile_dir)
+        self._close_client()
+        self.client = self.view = None
+        self.engine_ids, self._profile_dir = [], None
+
+    def _close_client(self) -> None:
         if self.client is not None:
             try:
                 self.client.close()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - closing is best effort; the processes are ended by profile
                 pass
-        self.client = self.view = None
-        self.engine_ids, self._profile_dir = [], None
 
     def restart_engines(self, **changes) -> "Cluster":
         """New engines under the same controller and client, with `changes` applied to the config (the fields the
@@ -391,11 +394,7 @@ class Cluster:
             # Busy engines (mid-collective, or in C code) ignore SIGTERM for ipyparallel's 5 s grace, one by one;
             # their state is lost anyway, so end them at once.
             processes.kill_engines(self._profile_dir)
-        if self.client is not None:
-            try:
-                self.client.close()
-            except Exception:  # noqa: BLE001
-                pass
+        self._close_client()
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()
