@@ -113,7 +113,7 @@ class EngineSets:
         graceful = error is None or not isinstance(error, (KeyboardInterrupt, ClusterError))
         p, self._pending, self._warming = self._pending, None, None
         if p is not None:
-            p.stop(graceful=graceful and error is None)
+            p.stop(graceful=error is None)  # launched for a group that did not need it, or after a failure
         c = self.current
         if c is not None and c is not self._given:
             c.stop(graceful=graceful)
