@@ -30,20 +30,6 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-@pytest.fixture
-def no_subprocess(monkeypatch):
-    """Any subprocess (pip, the import check) fails the test."""
-    calls = []
-
-    def boom(*a, **k):
-        calls.append(a)
-        raise AssertionError(f"a subprocess ran: {a!r}")
-
-    monkeypatch.setattr(versions.subprocess, "run", boom)
-    monkeypatch.setattr(versions.subprocess, "Popen", boom)
-    return calls
-
-
 def _fake_install(root: Path, python: str, version: str) -> Path:
     p = root / "megatron-core" / python / version
     (p / "megatron" / "core").mkdir(parents=True)

@@ -24,18 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-@pytest.fixture
-def no_subprocess(monkeypatch):
-    calls = []
-
-    def boom(*a, **k):
-        calls.append(a)
-        raise AssertionError(f"a subprocess ran: {a!r}")
-
-    monkeypatch.setattr(versions.subprocess, "run", boom)
-    return calls
-
-
 def _wheel(folder: Path, name: str, version: str, requires=()) -> Path:
     """A minimal wheel whose METADATA declares `requires`."""
     dist = f"{name.replace('-', '_')}-{version}"
