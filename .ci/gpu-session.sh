@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU reports and logs are made: run on an air-gapped GPU node from the repo root, with wheels in .whl/
-# (`moe-lab wheelhouse -o .whl --python 3.12`, minus what the node has) and the node's own CUDA torch.
+# (`moe-lab wheelhouse -o .whl --python 3.12`, minus what the node has, and minus debugpy and jedi — ipykernel and
+# IPython import them only if present: 10 MB the 64 MiB working-tree limit needs) and the node's own CUDA torch.
 # Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
 # STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, presets (every model preset, #23),
 #        report:NN[+NN...], bench, capture
