@@ -57,19 +57,29 @@ def _group(cells: list[dict]) -> list[Finding]:
     return out
 
 
-def findings(records: list[dict]) -> list[Finding]:
+def _groups(records: list[dict]):
+    """(cells, findings) per preset x release x dispatcher (records of cells that ran)."""
     ran = [r for r in records if isinstance(r, dict) and "skipped" not in r]
-    out: list[Finding] = []
     for _key, cells in groups(ran).items():
-        out += guarded(EXPERIMENT, "your model", cells, lambda cells=cells: _group(cells))
-    return out  # no cell ran: no finding (the registry's headline says NOT MEASURED)
+        yield cells, guarded(EXPERIMENT, "your model", cells, lambda cells=cells: _group(cells))
+
+
+def findings(records: list[dict]) -> list[Finding]:
+    return [f for _cells, fs in _groups(records) for f in fs]  # no cell ran: none (the headline: NOT MEASURED)
+
+
+def _fix_words(fix: Finding | None) -> str:
+    if fix is None:
+        return "?"
+    if fix.status == PASS:
+        return fix.remedy or "nothing needed"
+    return "none in the grid" if fix.status == FAIL else fix.status.lower()
 
 
 def rows(records: list[dict]) -> list[dict]:
     """One row per preset x release x dispatcher, each cell a finding's words (never a number of its own)."""
     out = []
-    for _key, cells in groups([r for r in records if isinstance(r, dict) and "skipped" not in r]).items():
-        fs = guarded(EXPERIMENT, "your model", cells, lambda cells=cells: _group(cells))
+    for cells, fs in _groups(records):
         by_q = {f.question: f for f in fs}
         agree, stage, fix = by_q.get(reproduce.QUESTION), by_q.get(STAGE), by_q.get(promotion.QUESTION)
         c = cells[0]
@@ -79,7 +89,7 @@ def rows(records: list[dict]) -> list[dict]:
             "ranks agree (plain bf16)": agree.status if agree else "?",
             "why not": agree.subject.get("attribution") if agree else "?",
             "first divergent stage": stage.subject.get("first_stage", "—") if stage is not None else "?",
-            "fix": (fix.remedy or ("nothing needed" if fix.status == PASS else "none in the grid")) if fix else "?",
+            "fix": _fix_words(fix),
             "cost (x plain)": (f"{fix.evidence.cost.ratio:.2f} [{fix.evidence.cost.ci[0]:.2f}, "
                                f"{fix.evidence.cost.ci[1]:.2f}]" if fix and fix.evidence.cost is not None
                                and fix.evidence.cost.valid else "—"),

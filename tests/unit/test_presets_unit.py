@@ -66,6 +66,7 @@ def test_ranks_that_already_agree_need_nothing_and_a_missing_plain_cell_is_not_m
     assert q["first divergent stage"].status == PASS
     only_fix = found.findings([preset07("m", r="fp32")])
     assert [f.status for f in only_fix] == [NOT_MEASURED]
+    assert found.rows([preset07("m", r="fp32")])[0]["fix"] == "not measured"  # never "none in the grid"
 
 
 def test_two_presets_never_share_a_finding_and_the_verdict_names_each():
