@@ -2,8 +2,9 @@
 
 Where code runs: `controller/` (the notebook or CLI process: the cluster of engines), `engine/` (inside each engine:
 process group, the layer, capture, the measurement toolkit), `experiments/` (one module per notebook question on one
-protocol, and the remedies), `reporting/` (results file, figures, the notebook runner), `tools/` (bench, scale plan,
-megatron-core releases, wheels), `cli/` (`moe-lab`). `config`, `metrics` and `stats` are pure and used on both sides.
+protocol, and the remedies), `reporting/` (figures, the notebook runner), `tools/` (bench, scale plan, installing
+megatron-core releases, wheels), `cli/` (`moe-lab`). `config`, `metrics`, `stats`, `results` (results.json),
+`releases` and `release_dirs` are pure and used on both sides.
 """
 
 from .config import ClusterConfig, MoEConfig

@@ -163,9 +163,9 @@ def cluster_config(params: dict, *, engines: int | None = None) -> ClusterConfig
     from .controller.placement import default_config
 
     if params.get("megatron"):
-        from .tools import versions
+        from .release_dirs import path_for
 
-        versions.path_for(params["megatron"])  # installed side by side? (a clear message if not)
+        path_for(params["megatron"])  # installed side by side? (one line saying how if not)
     ccfg = default_config(device=params["device"], engines=engines or default_engines(params),
                           gpus=params.get("gpus"), timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1),
                           start_timeout_s=float(params.get("start_timeout_s", 120)),

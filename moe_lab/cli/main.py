@@ -225,9 +225,9 @@ def cmd_probe(a) -> int:
     cfgs = _probe_configs(a)
     release = a.megatron or protocol.INSTALLED
     if a.megatron:
-        from ..tools import versions
+        from ..release_dirs import path_for
 
-        versions.path_for(a.megatron)  # installed side by side? one line if not
+        path_for(a.megatron)  # installed side by side? one line if not
     ccfg = placement.default_config(device=a.device, engines=a.engines, gpus=a.gpus, tp=a.tp, timeout_s=a.timeout,
                                     start_timeout_s=a.start_timeout, deterministic=a.deterministic,
                                     **_launcher_kwargs(a))
@@ -235,7 +235,9 @@ def cmd_probe(a) -> int:
     trials = a.trials or (5 if ccfg.device == "cuda" else 3)
     cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release) for cfg in cfgs]
     protocol.check_all(cases, ccfg)  # everything checkable is checked before engines start
-    placement.check_memory(cfgs, ccfg, cut=a.cut)
+    from ..tools import scale
+
+    scale.check_memory(cfgs, ccfg, cut=a.cut)
     with Cluster(ccfg) as c:
         if not a.json:
             print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.config.placement}, {c.summary()}",
@@ -322,7 +324,7 @@ def cmd_compare(a) -> int:
 
 def load_report(p: str) -> tuple[Path, list[dict]]:
     """A report folder (or its results.json) → (folder, the records its notebooks' latest runs showed)."""
-    from ..reporting import results
+    from .. import results
 
     path = Path(p)
     path = path / "results.json" if path.is_dir() else path
@@ -419,7 +421,7 @@ def main(argv=None) -> int:
 
 def _main(a) -> int:
     from ..controller.diagnosis import ClusterError
-    from ..reporting.results import ResultsFileError
+    from ..results import ResultsFileError
     from ..tools.errors import InstallError
 
     from ..controller import interrupts

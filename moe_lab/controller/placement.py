@@ -93,37 +93,4 @@ def gpu_free_bytes(n: int) -> list[int]:
     return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
 
 
-def check_memory(moe_cfgs, ccfg: ClusterConfig, *, cut: int = 90, free: list[int] | None = None) -> dict | None:
-    """Refuse a placement whose ranks do not fit in GPU memory, before any engine starts (the scale model: weights
-    + the lab's peak activations of the busiest rank, times the ranks sharing a GPU). Returns the check's numbers,
-    or None on CPU. `free` overrides the measured free bytes per GPU (tests)."""
-    if ccfg.device != "cuda" or ccfg.launcher != "local":
-        return None
-    from ..tools import scale
-
-    gpus = ccfg.engines // ccfg.ranks_per_gpu
-    free = free if free is not None else gpu_free_bytes(gpus)
-    ep = ccfg.engines // ccfg.tp
-    worst = None
-    for cfg in moe_cfgs:
-        if ccfg.tp != 1:
-            return None  # the scale model counts TP=1 only
-        row = scale.plan(cfg, ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0)
-        need = row["lab_peak_bytes"] * ccfg.ranks_per_gpu
-        if worst is None or need > worst["need_bytes"]:
-            worst = {"need_bytes": need, "per_rank_bytes": row["lab_peak_bytes"], "config": cfg}
-    if worst is None:
-        return None
-    worst.update(free_bytes=min(free), ranks_per_gpu=ccfg.ranks_per_gpu, gpus=gpus)
-    if worst["need_bytes"] > min(free):
-        gib = 2**30
-        c = worst["config"]
-        raise ValueError(
-            f"{ccfg.ranks_per_gpu} rank(s) per GPU need {worst['need_bytes'] / gib:.1f} GiB each GPU "
-            f"({worst['per_rank_bytes'] / gib:.1f} GiB per rank for hidden {c.hidden}, {c.num_experts} experts, "
-            f"ffn {c.ffn_hidden}, {c.seq_len} tokens at EP={ep}), but only {min(free) / gib:.1f} GiB is free: "
-            "use fewer ranks per GPU (engines), more GPUs, or a smaller layer (seq_len, ffn_hidden)")
-    return worst
-
-
-__all__ = ["visible_gpus", "gpu_name", "default_config", "check_memory", "gpu_free_bytes"]
+__all__ = ["visible_gpus", "gpu_name", "default_config", "gpu_free_bytes"]

@@ -22,7 +22,7 @@ import logging
 
 from .. import metrics, stats
 from ..config import MEGATRON_OPTIONS
-from .labels import FWD_CMPS, GRAD_CMPS
+from ..findings.labels import FWD_CMPS, GRAD_CMPS
 from . import protocol
 from .protocol import Case
 from ..findings.compound import grads_agree  # noqa: F401 - one definition, used by tests and callers

@@ -31,8 +31,8 @@ from typing import Callable, Iterable
 from ..config import ClusterConfig, MoEConfig, check_cut
 from ..controller.engine_sets import EngineSets
 from ..layout import Layout
-from ..reporting import results as results_file
-from ..reporting.results import latest  # noqa: F401 - the records a notebook's latest run showed
+from .. import results as results_file
+from ..results import latest  # noqa: F401 - the records a notebook's latest run showed
 
 logger = logging.getLogger(__name__)
 
@@ -121,19 +121,14 @@ def release_version(release: str) -> str:
     return releases.installed_version() if release == INSTALLED else releases.normalize_version(release)
 
 
-def release_path(release: str, wheels: str | None = None) -> tuple[str, ...]:
-    """sys.path entries for a release: () for the installed one, else its side-by-side folder (installed if missing)."""
-    from .. import releases
+def release_path(release: str) -> tuple[str, ...]:
+    """sys.path entries for a release: () for the installed one, else its side-by-side folder. A release that is not
+    installed is a ValueError saying how (installing is the step before a run: `tools.versions.prepare`)."""
+    from .. import release_dirs, releases
 
     if release == INSTALLED or releases.normalize_version(release) == releases.installed_version():
         return ()
-    from ..tools import versions
-
-    try:
-        return (str(versions.path_for(release)),)
-    except ValueError:
-        logger.info("installing megatron-core %s side by side%s", release, f" from {wheels}" if wheels else "")
-        return (str(versions.install(release, from_dir=wheels)),)
+    return (str(release_dirs.path_for(release)),)
 
 
 def expected_env(ccfg: ClusterConfig, release: str, deterministic_env: bool) -> dict:
@@ -210,7 +205,7 @@ def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[i
 
 def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Case] | None = None,
         results: str | os.PathLike | None = None, notebook: str | None = None, progress: Callable | None = None,
-        on_record: Callable[[dict], None] | None = None, wheels: str | None = None) -> list[dict]:
+        on_record: Callable[[dict], None] | None = None) -> list[dict]:
     """Run an experiment's cases (default `experiment.cases(params)`) and return their records, in case order.
 
     cluster: a running Cluster to use (its engines are restarted for another release or deterministic
@@ -231,7 +226,6 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
         for r in results_file.load(results):  # raises ResultsFileError on a bad file, before anything is measured
             if r.get("case_key"):
                 done.setdefault(r["case_key"], []).append(r)
-    wheels = wheels or (params or {}).get("wheels")
     by_case: dict[int, list[dict]] = {}
     plan = []  # per group: its cluster config, release, env and case keys; the cases still to measure
     n_reused = 0
@@ -256,11 +250,12 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     experiment.NAME, env0["megatron_core"], len(todo),
                     sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
         if todo:
+            release_path(release)  # installed side by side? one line saying how if not, before any engine starts
             plan.append((cfg_g, release, env0, keys, todo))
     sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, what stops
     try:
         for i, (cfg_g, release, env0, keys, todo) in enumerate(plan):
-            cluster = sets.ensure(_target(cfg_g, release, wheels))
+            cluster = sets.ensure(_target(cfg_g, release))
             env = environment(cluster)
             actual = {k: env.get(k) for k in ENV_KEY}
             if actual["megatron_core"] != env0["megatron_core"]:
@@ -269,7 +264,7 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
             if actual != {k: env0.get(k) for k in ENV_KEY}:  # e.g. a GPU the controller could not name
                 keys = {id(c): case_key(c, actual, cfg_g) for c in todo}
             if i + 1 < len(plan):
-                sets.prefetch(_target(*plan[i + 1][:2], wheels))
+                sets.prefetch(_target(*plan[i + 1][:2]))
             items = progress(todo, f"{experiment.NAME} ({env0['megatron_core']})") if progress else todo
             for c in items:
                 recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
@@ -340,9 +335,9 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     return out
 
 
-def _target(ccfg: ClusterConfig, release: str, wheels: str | None) -> ClusterConfig:
+def _target(ccfg: ClusterConfig, release: str) -> ClusterConfig:
     """The cluster a group needs: its config with its release first on the engines' path."""
-    return ccfg.replace(extra_path=release_path(release, wheels))
+    return ccfg.replace(extra_path=release_path(release))
 
 
 def shared_config(params: dict) -> ClusterConfig:

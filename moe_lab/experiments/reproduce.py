@@ -8,7 +8,7 @@ run-to-run nondeterministic; anything in between is reported as what it is (k of
 from __future__ import annotations
 
 from . import probe
-from . import labels
+from ..findings import labels
 from .probe import on_engine  # noqa: F401 - the engine side of 01 is the probe's
 
 NAME = "reproduce"

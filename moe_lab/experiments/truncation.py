@@ -22,7 +22,7 @@ import math
 import torch
 
 from .. import metrics, stats
-from .labels import label, rem_label  # noqa: F401 - re-exported: the names of 04's cases
+from ..findings.labels import label, rem_label  # noqa: F401 - re-exported: the names of 04's cases
 from .protocol import Case
 from .remedies import (EMULATIONS, REMEDIES, auto_tile, parse, splitk_allowed, splitk_control_available, splitk_splits,
                        toggles)

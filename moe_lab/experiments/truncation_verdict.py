@@ -7,7 +7,7 @@ emulation): on GPUs the remedies are measured with the workspace unset and set t
 from __future__ import annotations
 
 from .. import stats
-from .labels import rem_label
+from ..findings.labels import rem_label
 
 
 def _cases(records: list[dict]) -> list[dict]:

@@ -7,7 +7,7 @@ the whole sequence's, whose rest is zero by construction. Weight gradients count
 
 from __future__ import annotations
 
-from ..experiments.labels import FWD_CMPS, GRAD_CMPS
+from .labels import FWD_CMPS, GRAD_CMPS
 from .common import choice_text, choose, cost, count, groups, guarded, trials
 from .model import FAIL, NA, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 

@@ -14,7 +14,7 @@ REPORTS = ("cpu-2026-12-02", "gpu-h200x1-2026-12-01", "gpu-h200x1-2026-12-02", "
 
 
 def _records(folder: Path) -> list[dict]:
-    from ..reporting import results
+    from .. import results
 
     return results.latest(json.loads((folder / "results.json").read_text()), folder)
 

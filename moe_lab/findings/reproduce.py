@@ -3,7 +3,7 @@ EP order or run-to-run nondeterminism (labels.attribution: ranks differ in every
 
 from __future__ import annotations
 
-from ..experiments.labels import EP_DOMINANCE, attribution
+from .labels import EP_DOMINANCE, attribution
 from .common import count, describe, groups, guarded, trials
 from .model import FAIL, MIXED, NA, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 

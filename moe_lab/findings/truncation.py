@@ -5,7 +5,7 @@ expert GEMMs are batch variant (the kernel probe, with the GPU or the CPU model 
 
 from __future__ import annotations
 
-from ..experiments.labels import rem_label
+from .labels import rem_label
 from .common import choice_text, choose, cost, describe, groups, guarded, trials
 from .model import FAIL, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 

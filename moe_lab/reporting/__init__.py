@@ -1,1 +1,1 @@
-"""Records → pages: results.json, the notebook runner and index, the summary cards, figures (no torch), comparisons."""
+"""Records → pages: the notebook runner and index, the summary cards, figures (no torch), comparisons."""

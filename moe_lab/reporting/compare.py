@@ -7,7 +7,7 @@ Text only: reads records, measures nothing."""
 
 from __future__ import annotations
 
-from ..experiments import labels
+from ..findings import labels
 
 FACTOR = 2.0
 

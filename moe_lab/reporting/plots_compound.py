@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from ..experiments.labels import FWD_CMPS, GRAD_CMPS
+from ..findings.labels import FWD_CMPS, GRAD_CMPS
 from ..findings.compound import frac
 from .plots import stage_heatmap, zero_aware_heatmap
 

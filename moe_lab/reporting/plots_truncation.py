@@ -8,7 +8,7 @@ from matplotlib.ticker import FuncFormatter
 import pandas as pd
 import seaborn as sns
 
-from ..experiments.labels import label
+from ..findings.labels import label
 from .plots import zero_aware_heatmap
 
 PASS, FAIL = "#3b8a4e", "#c0392b"

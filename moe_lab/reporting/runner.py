@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import profiles
 from ..controller import interrupts
 from ..fsio import ReportWriteError, failed_write, writable_dir
-from . import results
+from .. import results
 
 logger = logging.getLogger(__name__)
 
@@ -300,13 +300,16 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first."""
     profile = profile or default_profile()
     params = profiles.load(profile, overrides)  # raises ValueError before anything starts
-    # Also before any kernel or engine: GPU count vs engines, timeouts, the megatron release, experts vs EP.
+    chosen = select(only, nb_dir)
+    from ..tools import scale, versions
+
+    # Also before any kernel or engine: GPU count vs engines, timeouts, experts vs EP, memory.
     ccfg = profiles.cluster_config(params)
     profiles.base_moe(params).resolved_ep(ccfg.engines)
-    from ..controller import placement
-
-    placement.check_memory([profiles.base_moe(params)], ccfg, cut=params.get("cut", 90))  # ranks that do not fit
-    chosen = select(only, nb_dir)
+    scale.check_memory([profiles.base_moe(params)], ccfg, cut=params.get("cut", 90))  # ranks that do not fit
+    # The releases the chosen notebooks use, installed side by side now if missing (from `wheels` offline): the one
+    # install step of a run, before any kernel or engine — the experiments only look releases up.
+    versions.prepare(versions.wanted_by(params, [num for num, _ in chosen]), from_dir=params.get("wheels"))
     # absolute: the kernels run with cwd=notebooks/, so a relative --out would put results.json elsewhere
     out_dir = Path(out).resolve() if out else REPORTS / default_name(profile, ccfg)
     writable_dir(out_dir, "--out")  # create it, or one line saying why not, before anything starts

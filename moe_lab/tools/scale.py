@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 
-from ..config import MoEConfig, check_cut
+from ..config import ClusterConfig, MoEConfig, check_cut
 
 GIB = 2**30
 H200_HBM_BYTES = 141 * 10**9
@@ -417,6 +417,39 @@ def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool 
         row["moe_layers"] = moe_layers
         row["model_fits"] = moe_layers * prm["total"] + act <= budget
     return row
+
+
+def check_memory(moe_cfgs, ccfg: ClusterConfig, *, cut: int = 90, free: list[int] | None = None) -> dict | None:
+    """Refuse a placement whose ranks do not fit in GPU memory, before any engine starts (the scale model: weights
+    + the lab's peak activations of the busiest rank, times the ranks sharing a GPU). Returns the check's numbers,
+    or None on CPU. `free` overrides the measured free bytes per GPU (tests)."""
+    if ccfg.device != "cuda" or ccfg.launcher != "local":
+        return None
+    from ..controller.placement import gpu_free_bytes
+
+    gpus = ccfg.engines // ccfg.ranks_per_gpu
+    free = free if free is not None else gpu_free_bytes(gpus)
+    ep = ccfg.engines // ccfg.tp
+    worst = None
+    for cfg in moe_cfgs:
+        if ccfg.tp != 1:
+            return None  # the scale model counts TP=1 only
+        row = plan(cfg, ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0)
+        need = row["lab_peak_bytes"] * ccfg.ranks_per_gpu
+        if worst is None or need > worst["need_bytes"]:
+            worst = {"need_bytes": need, "per_rank_bytes": row["lab_peak_bytes"], "config": cfg}
+    if worst is None:
+        return None
+    worst.update(free_bytes=min(free), ranks_per_gpu=ccfg.ranks_per_gpu, gpus=gpus)
+    if worst["need_bytes"] > min(free):
+        gib = 2**30
+        c = worst["config"]
+        raise ValueError(
+            f"{ccfg.ranks_per_gpu} rank(s) per GPU need {worst['need_bytes'] / gib:.1f} GiB each GPU "
+            f"({worst['per_rank_bytes'] / gib:.1f} GiB per rank for hidden {c.hidden}, {c.num_experts} experts, "
+            f"ffn {c.ffn_hidden}, {c.seq_len} tokens at EP={ep}), but only {min(free) / gib:.1f} GiB is free: "
+            "use fewer ranks per GPU (engines), more GPUs, or a smaller layer (seq_len, ffn_hidden)")
+    return worst
 
 
 def plan_table(cfg: MoEConfig, eps, *, dispatchers=("allgather", "alltoall"), **kw):

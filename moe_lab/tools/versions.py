@@ -3,7 +3,9 @@
 Layout: `$MOE_LAB_CACHE` (default `~/.cache/moe_lab`) / `megatron-core` / `<python X.Y>` / `<version>` /, a `pip --target`
 folder holding only megatron-core (installed with --no-deps: the interpreter's torch, numpy and packaging serve every
 release; 0.11/0.12 declare test/tooling deps and 0.13 declares numpy<2, none of which the layer needs). Engines put
-`path_for(version)` first on sys.path (`dist.setup(extra_path=...)`) before importing megatron.
+`path_for(version)` first on sys.path (`dist.setup(extra_path=...)`) before importing megatron. Looking a release up
+is `release_dirs` (torch- and pip-free, what experiments use); installing one is here, and `prepare` does it before
+a run.
 
 Installs land in a `.partial-*` sibling and are renamed into place only after a fresh interpreter imported the
 requested version from there, so an interrupted install never leaves a half folder under the version's name.
@@ -35,11 +37,12 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .. import releases
+from ..release_dirs import (PACKAGE, cache_dir, is_installed, list_installed, normalize, path_for, python_tag,
+                            version_dir)
 from .errors import InstallError
 
 logger = logging.getLogger(__name__)
 
-PACKAGE = "megatron-core"
 PIP_TIMEOUT_S = 900.0
 VERIFY_TIMEOUT_S = 300.0
 # What a megatron-core sdist's pyproject asks for to build (its setup.py also runs `python3 -m pybind11 --includes`
@@ -48,43 +51,6 @@ BUILD_REQUIREMENTS = ("setuptools", "pybind11")
 MARKER = ".moe_lab-install.json"
 _VERIFY_TAG = "MOE_LAB_VERIFY "
 _SYS_TAGS = frozenset(sys_tags())  # the wheel tags this interpreter installs
-
-
-# ---------------------------------------------------------------------------------------------- locations
-
-
-def cache_dir() -> Path:
-    """The lab's cache: `$MOE_LAB_CACHE` or `~/.cache/moe_lab` (releases live under megatron-core/<X.Y>/<version>/)."""
-    base = os.environ.get("MOE_LAB_CACHE") or "~/.cache/moe_lab"
-    return Path(base).expanduser().absolute()
-
-
-def python_tag(python: tuple[int, int] | None = None) -> str:
-    py = python or sys.version_info[:2]
-    return f"{py[0]}.{py[1]}"
-
-
-def version_dir(version: str, python: tuple[int, int] | None = None) -> Path:
-    """Where `version` lives (installed or not) for this Python, or for `python` = (X, Y)."""
-    return cache_dir() / PACKAGE / python_tag(python) / normalize(version)
-
-
-def normalize(version: str) -> str:
-    """The canonical spelling of a megatron-core release ('0.12.0', '0.16.0rc0'); ValueError for anything else."""
-    if not isinstance(version, str):
-        raise ValueError(f"megatron-core version ({version!r}) must be a string like 0.16.1")
-    releases.parse_version(version)  # X.Y.Z or ValueError
-    try:
-        v = Version(version.strip())
-    except InvalidVersion as e:
-        raise ValueError(f"megatron-core version ({version!r}) is not a release version; use X.Y.Z, e.g. 0.16.1") from e
-    if v.local:
-        raise ValueError(f"megatron-core version ({version!r}) has a local part (+{v.local}); PyPI releases have none")
-    return str(v)
-
-
-def _installed(path: Path) -> bool:
-    return (path / "megatron" / "core" / "__init__.py").is_file()
 
 
 # ---------------------------------------------------------------------------------------------- install
@@ -102,7 +68,7 @@ def install(version: str, *, from_dir: str | os.PathLike | None = None, pip_args
     releases.check_supported(v)
     find_links = check_from_dir(from_dir, v) if from_dir is not None else None
     final = version_dir(v)
-    if _installed(final) and not force:
+    if is_installed(final) and not force:
         logger.info("megatron-core %s already installed in %s", v, final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +268,7 @@ def _swap_in(tmp: Path, final: Path, version: str) -> None:
     try:
         os.rename(tmp, final)
     except OSError:
-        if _installed(final):  # another process finished the same install first: theirs is as good
+        if is_installed(final):  # another process finished the same install first: theirs is as good
             logger.info("megatron-core %s was installed in %s concurrently; keeping that one", version, final)
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -314,37 +280,30 @@ def _swap_in(tmp: Path, final: Path, version: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-# ---------------------------------------------------------------------------------------------- lookup
+# ---------------------------------------------------------------------------------------------- before a run
 
 
-def list_installed() -> list[dict]:
-    """Every installed release, all Pythons: [{"version", "path" (str), "python" ("X.Y")}] sorted by version."""
-    root = cache_dir() / PACKAGE
-    rows = []
-    if not root.is_dir():
-        return rows
-    for pydir in root.iterdir():
-        if not pydir.is_dir() or pydir.name.startswith("."):
+def prepare(wanted, *, from_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Every release of `wanted` installed side by side before a run measures anything ('installed', the release the
+    controller imports, needs nothing): those missing are installed now, from `from_dir` when given (offline), else
+    from the package index. The one place a run installs releases (the runner, the CLI and notebook 03 call it); the
+    experiments only look them up (`release_dirs.path_for`). Returns {release: folder}."""
+    out = {}
+    for r in dict.fromkeys(wanted or ()):
+        if r == "installed" or normalize(r) == releases.installed_version():
             continue
-        for vdir in pydir.iterdir():
-            if vdir.name.startswith(".") or not _installed(vdir):
-                continue
-            try:
-                Version(vdir.name)
-            except InvalidVersion:
-                logger.debug("ignoring %s: not named after a release", vdir)
-                continue
-            rows.append({"version": vdir.name, "path": str(vdir), "python": pydir.name})
-    rows.sort(key=lambda r: (Version(r["version"]), tuple(int(x) for x in r["python"].split(".") if x.isdigit())))
-    return rows
+        try:
+            out[r] = path_for(r)
+        except ValueError:
+            logger.warning("installing megatron-core %s side by side%s", r, f" from {from_dir}" if from_dir else "")
+            out[r] = install(r, from_dir=from_dir)
+    return out
 
 
-def path_for(version: str) -> Path:
-    """The folder of an installed release for this Python; ValueError (saying how to install it) if there is none."""
-    v = normalize(version)
-    p = version_dir(v)
-    if not _installed(p):
-        here = [r["version"] for r in list_installed() if r["python"] == python_tag()]
-        raise ValueError(f"megatron-core {v} is not installed for Python {python_tag()} (installed: "
-                         f"{', '.join(here) or 'none'}); run `moe-lab versions install {v}`")
-    return p
+def wanted_by(params: dict, notebooks=None) -> list[str]:
+    """The releases a run of `notebooks` (numbers; None: all) installs before it starts: notebook 03's `releases`.
+    The profile's `megatron` (the release of every other notebook) must be installed already: the profile check
+    says how if it is not."""
+    if notebooks is not None and "03" not in notebooks:
+        return []
+    return list(dict.fromkeys(r for r in params.get("releases") or () if r != "installed"))

@@ -111,7 +111,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.cluster
-def test_restart_engines_switches_release_and_keeps_the_controller():
+def test_restart_engines_switches_release_and_keeps_the_controller(other_release):
     """#5: a release switch restarts only the engines: same controller, profile and watchdog; new engine
     processes that import the other megatron-core; the cluster answers again, then switches back."""
     import psutil
@@ -119,7 +119,7 @@ def test_restart_engines_switches_release_and_keeps_the_controller():
     from moe_lab import releases
     from moe_lab.experiments import protocol
 
-    other = protocol.release_path("0.12.3", None)  # installed side by side (cached, shared with notebook 03)
+    other = other_release
     cfg = MoEConfig(hidden=32, num_experts=4, topk=2, ffn_hidden=64, seq_len=16, dispatcher="allgather")
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
         ipp_cluster, profile, reaper = c._ipp, c.profile_dir, c._reaper.pid

@@ -269,7 +269,7 @@ def _notebook_dir(nb_dir: Path) -> Path:
                                           metadata={"tags": ["parameters"]}),
                 nbformat.v4.new_code_cell(textwrap.dedent("""
                     import os, time
-                    from moe_lab.reporting import results
+                    from moe_lab import results
                     results.append(os.path.join(out_dir, "results.json"), [{"x": 1}], notebook="t")
                     t0 = time.monotonic()
                     while not os.path.exists(os.path.join(out_dir, "go")) and time.monotonic() - t0 < 120:

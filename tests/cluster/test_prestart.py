@@ -34,8 +34,8 @@ def _warm_until_sent(c, **changes) -> None:
         time.sleep(0.1)
 
 
-def test_a_restart_takes_the_spare_engines_warmed_for_its_release():
-    other = protocol.release_path(OTHER, None)
+def test_a_restart_takes_the_spare_engines_warmed_for_its_release(other_release):
+    other = other_release
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
         old = [p["pid"] for p in c._procs]
         assert c.prestart() and c.prestart()  # a second call keeps the one spare set
@@ -50,9 +50,9 @@ def test_a_restart_takes_the_spare_engines_warmed_for_its_release():
         assert all(h["ok"] for h in c.health_check())
 
 
-def test_a_spare_warmed_for_another_release_is_not_used():
+def test_a_spare_warmed_for_another_release_is_not_used(other_release):
     """The control: the spare imported 0.12.3; a restart that asks for the installed release must not get it."""
-    other = protocol.release_path(OTHER, None)
+    other = other_release
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120, extra_path=other)) as c:
         assert c.summary()["megatron_core"] == OTHER
         c.prestart()
@@ -92,7 +92,7 @@ def _two_release_cases():
     return cases + [dataclasses.replace(c, release=OTHER) for c in cases]
 
 
-def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(monkeypatch, caplog):
+def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(other_release, monkeypatch, caplog):
     """Two releases in one run: the second group's engines are launched while the first runs; the records are
     those of a run without it (same mismatch counts: CPU forwards are deterministic)."""
     import logging
@@ -109,7 +109,7 @@ def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(mon
     assert [r["cross_rank"]["n_mismatch"] for r in early] == [r["cross_rank"]["n_mismatch"] for r in plain]
 
 
-def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tmp_path, monkeypatch, caplog):
+def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(other_release, tmp_path, monkeypatch, caplog):
     import logging
 
     import psutil
@@ -127,7 +127,7 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(tm
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(tmp_path, monkeypatch, caplog):
+def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(other_release, tmp_path, monkeypatch, caplog):
     """Another release first, then the installed one: the second group runs on the run's shared cluster again (no
     restart back of the first group's own engines, which stop); without a shared cluster (the control) it runs on
     the own cluster restarted back. The records are the same either way (CPU forwards are deterministic)."""

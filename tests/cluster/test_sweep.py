@@ -4,7 +4,7 @@ import pytest
 
 from moe_lab import profiles
 from moe_lab.experiments import promotion, protocol
-from moe_lab.reporting import results
+from moe_lab import results
 
 
 def test_grid_is_the_full_product():

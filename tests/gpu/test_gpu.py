@@ -9,7 +9,8 @@ import pytest
 from moe_lab.config import MoEConfig
 from moe_lab.controller.cluster import Cluster
 from moe_lab.controller.placement import default_config
-from moe_lab.experiments import labels, probe, remedies, truncation
+from moe_lab.experiments import probe, remedies, truncation
+from moe_lab.findings import labels
 
 SEED = MoEConfig.seed_report()
 TRIALS = 3

@@ -303,7 +303,7 @@ def test_a_relative_out_dir_keeps_results_json_beside_the_html(tmp_path, monkeyp
     nb_dir.mkdir()
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'", metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("from pathlib import Path\nfrom moe_lab.reporting import results\n"
+                nbformat.v4.new_code_cell("from pathlib import Path\nfrom moe_lab import results\n"
                                           "results.append(Path(out_dir) / 'results.json', [{'x': 1}], notebook='01')")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, nb_dir / "01_t.ipynb")

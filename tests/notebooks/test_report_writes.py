@@ -32,7 +32,7 @@ RUN = ("import sys; from pathlib import Path; from moe_lab import cli; from moe_
        "sys.exit(cli.main(['--log', sys.argv[3], 'run', '--profile', 'cpu', '--out', sys.argv[2]]))")
 RECORD = """
     import os, time
-    from moe_lab.reporting import results
+    from moe_lab import results
     while not os.path.exists({go!r}):
         time.sleep(0.1)
     results.append(os.path.join(out_dir, "results.json"), [{{"x": {n}}}], notebook="t{n}")

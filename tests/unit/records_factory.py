@@ -61,7 +61,7 @@ def kernel04(linear, M, equal, device="cpu", **kw):
 
 
 def back05(d, setting, bad=(), available=True, **kw):
-    from moe_lab.experiments.labels import FWD_CMPS, GRAD_CMPS
+    from moe_lab.findings.labels import FWD_CMPS, GRAD_CMPS
 
     r = dict(ENV, notebook="05", kind="backward", case_key=f"05/{d}/{setting}", dispatcher=d, setting=setting,
              available=available, trials=3, backward_first_divergent=None, backward_ledger=[], **kw)

@@ -4,7 +4,8 @@ the per-GPU memory check, and the refusals — each one line naming the value an
 import pytest
 
 from moe_lab.config import ClusterConfig, MoEConfig
-from moe_lab.controller.placement import check_memory, default_config
+from moe_lab.controller.placement import default_config
+from moe_lab.tools.scale import check_memory
 from moe_lab.engine.dist import gpu_index
 
 GIB = 2**30

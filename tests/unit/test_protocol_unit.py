@@ -9,7 +9,7 @@ import pytest
 from moe_lab.config import ClusterConfig, MoEConfig
 from moe_lab.experiments import protocol
 from moe_lab.experiments.protocol import Case
-from moe_lab.reporting import results
+from moe_lab import results
 
 CPU = ClusterConfig(device="cpu", engines=2)
 ENV = {"device": "cpu", "world": 2, "backend": "gloo", "ranks_per_gpu": None, "gpu": None, "megatron_core": "0.16.1"}

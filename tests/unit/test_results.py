@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from moe_lab.reporting import results
-from moe_lab.reporting.results import ResultsFileError
+from moe_lab import results
+from moe_lab.results import ResultsFileError
 
 
 def _rec(i, **kw):
@@ -68,7 +68,7 @@ def test_a_process_killed_between_write_and_rename_leaves_the_old_file(tmp_path)
     before = p.read_bytes()
     code = textwrap.dedent(f"""
         import os
-        from moe_lab.reporting import results
+        from moe_lab import results
         os.replace = lambda *a: os._exit(9)   # the process dies after writing the temp file, before the rename
         results.append({str(p)!r}, [{{"config": {{"seed": 2}}}}])
     """)
@@ -82,7 +82,7 @@ def test_concurrent_appends_lose_nothing(tmp_path):
     p = tmp_path / "results.json"
     code = textwrap.dedent("""
         import sys
-        from moe_lab.reporting import results
+        from moe_lab import results
         for i in range(8):
             results.append(sys.argv[1], [{"writer": sys.argv[2], "i": i, "pad": "x" * 20000}])
     """)  # the padding makes each read-modify-write slow enough that, without the lock, writers overwrite each other
