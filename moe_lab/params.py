@@ -1,6 +1,9 @@
-"""Typed parameters of the experiments that have their own object in a profile (#22 item 2): one frozen dataclass
-each, defaults stated once, checked once when the profile loads (`profiles.check`); an unknown key is an error that
-names the allowed ones. Torch-free."""
+"""Typed parameters of every notebook's own questions (#22 item 2): one frozen dataclass each, documented fields,
+defaults stated once, checked once when the profile loads (`profiles.check`), read by its experiment alone. 06 and
+07 have an object of their own in a profile (`SECTIONS`: "training", "presets"); 01's layouts, 03, 04 and 05 read
+flat keys (`FLAT`: each field is a top-level key, as `-p key=value` sets it). The keys every notebook shares (the
+layer, the cluster, the release, trials, cost rounds) are `profiles._COMMON`. An unknown key is an error that names
+the allowed ones. Torch-free."""
 
 from __future__ import annotations
 
@@ -140,5 +143,185 @@ class PresetParams(_Section):
             raise ValueError(f"presets.cost_rounds ({self.cost_rounds!r}) must be 0 (no cost) or a positive integer")
 
 
+# ---------------------------------------------------------------------------------------------- 01, 03, 04, 05
+
+
+class _Flat(_Section):
+    """One notebook's parameters, read from the profile's top level (their keys are flat, as `-p key=value` sets
+    them): each field is a profile key, absent = its default. `of(params)` is how an experiment reads them."""
+
+    NOTEBOOK: ClassVar[str] = ""
+    SPLIT: ClassVar[dict] = {}
+    """field → separator: a string value (as `-p` gives it) split into a list."""
+
+    @classmethod
+    def of(cls, params: dict, where: str = "parameters"):
+        kw = {}
+        for name in cls.__dataclass_fields__:
+            if name in params:
+                v = params[name]
+                if isinstance(v, str) and name in cls.SPLIT:
+                    v = [x for x in v.split(cls.SPLIT[name]) if x]
+                kw[name] = v
+        try:
+            return cls(**kw)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+def _bools(obj, name: str) -> None:
+    v = getattr(obj, name)
+    if isinstance(v, list):
+        v = tuple(v)
+        object.__setattr__(obj, name, v)
+    if not isinstance(v, tuple) or not v or not all(isinstance(x, bool) for x in v):
+        raise ValueError(f"{name} ({list(v) if isinstance(v, tuple) else v!r}) must be a non-empty list of true/false")
+
+
+def _strs(obj, name: str, allowed=None, *, empty_ok: bool = False, what: str = "") -> None:
+    v = getattr(obj, name)
+    if isinstance(v, list):
+        v = tuple(v)
+        object.__setattr__(obj, name, v)
+    ok = isinstance(v, tuple) and (v or empty_ok) and all(isinstance(x, str) for x in v) \
+        and (allowed is None or all(x in allowed for x in v))
+    if not ok:
+        raise ValueError(f"{name} ({list(v) if isinstance(v, tuple) else v!r}) must be a "
+                         f"{'' if empty_ok else 'non-empty '}list of "
+                         + (what or (", ".join(allowed) if allowed else "strings")))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutParams(_Flat):
+    """Notebook 01's second question (#23 item 3): the same layer under other parallel layouts, element by element
+    against a reference layout."""
+
+    NOTEBOOK = "01"
+    SPLIT = {"layouts": ";", "layout_router_dtypes": ","}
+
+    layouts: tuple[str, ...] = ("ep1", "ep4", "tp2,ep2", "tp2,ep2,etp1", "tp2,ep2,sp")
+    """Layouts compared (`layout.Layout` specs: tp, ep, etp, sp); `-p 'layouts=ep1;ep4;tp2,ep2'`."""
+    layout_reference: str = "ep1"
+    """The layout every other one is compared with (run first; added if `layouts` lacks it)."""
+    layout_router_dtypes: tuple[str, ...] = ("none", "fp32")
+    """moe_router_dtype settings each layout runs with."""
+
+    def __post_init__(self):
+        from .layout import Layout
+
+        _strs(self, "layouts")
+        if len(set(self.layouts)) != len(self.layouts):
+            raise ValueError(f"layouts ({list(self.layouts)!r}) must be a non-empty list of distinct layouts, e.g. "
+                             "[\"ep1\", \"ep4\", \"tp2,ep2\"] (or -p 'layouts=ep1;ep4;tp2,ep2')")
+        for spec in self.layouts + (self.layout_reference,):
+            try:
+                Layout.parse(spec)
+            except ValueError as e:
+                raise ValueError(f"layouts entry: {e}") from None
+        _strs(self, "layout_router_dtypes", ROUTER_DTYPES)
+
+    def order(self) -> list[str]:
+        """The reference first, then the other layouts as listed."""
+        return [self.layout_reference] + [s for s in self.layouts if s != self.layout_reference]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromotionParams(_Flat):
+    """Notebook 03's parameters: the grid of router dtype x probs fp32 gather x deterministic mode, per release."""
+
+    NOTEBOOK = "03"
+    SPLIT = {"releases": ",", "sweep_router_dtypes": ","}
+
+    releases: tuple[str, ...] = ()
+    """megatron-core releases compared ('installed' or X.Y.Z, side by side); empty: the profile's release."""
+    sweep_router_dtypes: tuple[str, ...] = ()
+    """moe_router_dtype settings of the grid; empty: the profile's `router_dtypes`."""
+    probs_fp32_gather: tuple[bool, ...] = (False, True)
+    """Gather the routing probabilities in fp32 (the seed report's suggestion) off / on."""
+    deterministic: tuple[bool, ...] = (False, True)
+    """torch deterministic algorithms off / on."""
+
+    def __post_init__(self):
+        from .releases import check_supported, parse_version
+
+        _strs(self, "releases", empty_ok=True, what="'installed' or X.Y.Z strings, e.g. [\"0.11.0\", \"installed\"] or "
+                                                    "-p releases=0.11.0,installed")
+        if len(set(self.releases)) != len(self.releases):
+            raise ValueError(f"releases ({list(self.releases)!r}) names a release twice")
+        for v in self.releases:
+            if v == "installed":
+                continue
+            try:
+                parse_version(v)
+            except ValueError:
+                raise ValueError(f"releases entry ({v!r}) must be 'installed' or X.Y.Z, e.g. 0.12.3") from None
+            try:
+                check_supported(v)
+            except ValueError as e:
+                raise ValueError(f"releases entry {v!r}: {e}") from None
+        _strs(self, "sweep_router_dtypes", ROUTER_DTYPES, empty_ok=True)
+        _bools(self, "probs_fp32_gather")
+        _bools(self, "deterministic")
+
+    def router_dtypes(self, params: dict) -> tuple[str, ...]:
+        return self.sweep_router_dtypes or tuple(params["router_dtypes"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class TruncationParams(_Flat):
+    """Notebook 04's parameters: the worlds the truncation test runs at, and the remedies and tiles it tries."""
+
+    NOTEBOOK = "04"
+    SPLIT = {"truncation_remedies": ","}
+
+    truncation_engines: tuple[int, ...] = ()
+    """Worlds to run at; empty: on one GPU EP=1 and the virtual EP of `one_gpu_engines`, else the profile's."""
+    truncation_remedies: tuple[str, ...] = ()
+    """Remedies tried (experiments.truncation); empty: every one the device's plan has."""
+    truncation_tiles: tuple[int, ...] = ()
+    """Tile sizes of tiled_experts; empty: the plan's."""
+
+    def __post_init__(self):
+        for name in ("truncation_engines", "truncation_tiles"):
+            v = getattr(self, name)
+            if isinstance(v, list):
+                v = tuple(v)
+                object.__setattr__(self, name, v)
+            if not isinstance(v, tuple) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                   for x in v):
+                raise ValueError(f"{name} ({list(v) if isinstance(v, tuple) else v!r}) must be a list of positive "
+                                 "integers, e.g. [1, 4]")
+        _strs(self, "truncation_remedies", empty_ok=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompoundParams(_Flat):
+    """Notebook 05's parameters: the settings whose gradients are compared, and the depth stacks."""
+
+    NOTEBOOK = "05"
+    SPLIT = {"compound_settings": ",", "depth_settings": ","}
+
+    compound_settings: tuple[str, ...] = ()
+    """Settings compared at one layer (experiments.compound.SETTINGS); empty: all of them."""
+    depth_settings: tuple[str, ...] = ("plain", "router fp32")
+    """Settings of the depth stacks."""
+    depth_layers: int = 8
+    """Distinct layers of the depth stack."""
+    depth_ffn_hidden: int = 0
+    """Expert ffn of the depth stack's layers (0: the profile's layer's)."""
+
+    def __post_init__(self):
+        _strs(self, "compound_settings", empty_ok=True)
+        _strs(self, "depth_settings")
+        _positive("depth_layers", self.depth_layers)
+        if not isinstance(self.depth_ffn_hidden, int) or isinstance(self.depth_ffn_hidden, bool) \
+                or self.depth_ffn_hidden < 0:
+            raise ValueError(f"depth_ffn_hidden ({self.depth_ffn_hidden!r}) must be 0 (the layer's) or a positive "
+                             "integer")
+
+
 SECTIONS = {c.KEY: c for c in (TrainParams, PresetParams)}
 """The profile keys that hold an experiment's object, and their dataclasses."""
+FLAT = (LayoutParams, PromotionParams, TruncationParams, CompoundParams)
+"""The notebooks whose parameters are flat profile keys, and their dataclasses (each field one key)."""
+FLAT_KEYS = frozenset(k for c in FLAT for k in c.__dataclass_fields__)

@@ -8,17 +8,17 @@ from pathlib import Path
 
 from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig,
                      check_cut, seconds_ok)
-from .params import SECTIONS
+from .params import FLAT, FLAT_KEYS, SECTIONS
 
 PROFILES = ("cpu", "gpu")
 _MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
-_KNOWN = set(_MOE_KEYS) | {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron",
-                           "releases", "wheels", "probs_fp32_gather", "deterministic", "launcher",
-                           "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus",
-                           "truncation_engines", "one_gpu_engines", "depth_layers", "depth_ffn_hidden",
-                           "compound_settings", "depth_settings", "sweep_router_dtypes", "truncation_remedies",
-                           "truncation_tiles", "model", "scale", "layouts", "layout_reference",
-                           "layout_router_dtypes", "training", "presets"}
+_COMMON = {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron", "wheels",
+           "launcher", "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus", "one_gpu_engines",
+           "model", "scale"}
+"""The keys every notebook shares (the layer, the cluster, the release, trials and cost rounds)."""
+_KNOWN = set(_MOE_KEYS) | _COMMON | FLAT_KEYS | set(SECTIONS)
+"""Every key a profile may hold: the layer's, the common ones, each notebook's flat fields (`params.FLAT`) and each
+experiment object (`params.SECTIONS`)."""
 
 
 def load(name_or_path: str, overrides: dict | None = None) -> dict:
@@ -47,10 +47,7 @@ def check(params: dict, where: str = "parameters") -> None:
     unknown = set(params) - _KNOWN
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KNOWN)}")
-    for key, allowed in (("dispatchers", DISPATCHERS), ("router_dtypes", ROUTER_DTYPES),
-                         ("layout_router_dtypes", ROUTER_DTYPES)):
-        if key == "layout_router_dtypes" and key not in params:
-            continue
+    for key, allowed in (("dispatchers", DISPATCHERS), ("router_dtypes", ROUTER_DTYPES)):
         vals = params.get(key, [])
         if isinstance(vals, str):
             vals = params[key] = [v for v in vals.split(",") if v]
@@ -65,50 +62,15 @@ def check(params: dict, where: str = "parameters") -> None:
         raise ValueError(f"{where}: {e}") from None
     for key, section in SECTIONS.items():  # an experiment's own object (06: training, 07: presets): its dataclass
         section.from_dict(params.get(key), where)
-    rel = params.get("releases", [])
-    if isinstance(rel, str):
-        rel = params["releases"] = [v for v in rel.split(",") if v]
-    if not isinstance(rel, list) or not all(isinstance(v, str) for v in rel):
-        raise ValueError(f"{where}: releases ({rel!r}) must be a list of 'installed' or X.Y.Z strings, e.g. "
-                         "[\"0.11.0\", \"installed\"] or -p releases=0.11.0,installed")
-    if len(set(rel)) != len(rel):
-        raise ValueError(f"{where}: releases ({rel!r}) names a release twice")
-    for v in rel:
-        if v != "installed":
-            from .releases import check_supported, parse_version
-
-            try:
-                parse_version(v)
-            except ValueError:
-                raise ValueError(f"{where}: releases entry ({v!r}) must be 'installed' or X.Y.Z, e.g. 0.12.3") from None
-            try:
-                check_supported(v)
-            except ValueError as e:
-                raise ValueError(f"{where}: releases entry {v!r}: {e}") from None
-    for axis in ("probs_fp32_gather", "deterministic"):  # sweep axes: lists of booleans
-        vals = params.get(axis, [False, True])
-        if not isinstance(vals, list) or not vals or not all(isinstance(v, bool) for v in vals):
-            raise ValueError(f"{where}: {axis} ({vals!r}) must be a non-empty list of true/false")
-    for key in ("trials", "cost_rounds", "gpus", "depth_layers", "depth_ffn_hidden"):
+    for section in FLAT:  # a notebook's flat keys (01 layouts, 03, 04, 05): its dataclass, defaults and checks once
+        typed = section.of(params, where)
+        for key in section.SPLIT:  # a `-p key=a,b` string is kept as the list it means
+            if isinstance(params.get(key), str):
+                params[key] = list(getattr(typed, key))
+    for key in ("trials", "cost_rounds", "gpus"):
         v = params.get(key, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
             raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")
-    lays = params.get("layouts", ["ep1"])
-    if isinstance(lays, str):
-        lays = params["layouts"] = [v for v in lays.split(";") if v]
-    if not isinstance(lays, list) or not lays or len(set(lays)) != len(lays):
-        raise ValueError(f"{where}: layouts ({lays!r}) must be a non-empty list of distinct layouts, e.g. "
-                         "[\"ep1\", \"ep4\", \"tp2,ep2\"] (or -p 'layouts=ep1;ep4;tp2,ep2')")
-    from .layout import Layout
-
-    for spec in lays + [params.get("layout_reference", "ep1")]:
-        try:
-            Layout.parse(spec)
-        except ValueError as e:
-            raise ValueError(f"{where}: layouts entry: {e}") from None
-    te = params.get("truncation_engines", [])
-    if not isinstance(te, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in te):
-        raise ValueError(f"{where}: truncation_engines ({te!r}) must be a list of positive integers, e.g. [1, 4]")
     if params.get("device") not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
     for key in ("timeout_s", "start_timeout_s"):
@@ -192,8 +154,11 @@ def default_engines(params: dict) -> int | None:
 def truncation_engines(params: dict) -> list[int | None]:
     """The worlds notebook 04 runs at: `truncation_engines` if given; on one GPU EP=1 and the virtual EP of
     `one_gpu_engines` (a rank alone on the GPU, then ranks sharing it); else the profile's world (None)."""
-    if params.get("truncation_engines"):
-        return list(params["truncation_engines"])
+    from .params import TruncationParams
+
+    given = TruncationParams.of(params).truncation_engines
+    if given:
+        return list(given)
     n = default_engines(params)
     if params["device"] == "cuda" and not params.get("engines") and n and n > 1:
         return [1, n]

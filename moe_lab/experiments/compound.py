@@ -57,20 +57,22 @@ SETTINGS = {
 GRADS = ("out", "dx", "router_grad")
 
 
-def cases(params: dict, *, settings=None, depth_settings=("plain", "router fp32"), layers: int | None = None,
+def cases(params: dict, *, settings=None, depth_settings=None, layers: int | None = None,
           depth_ffn_hidden: int | None = None) -> list[Case]:
     """Backward cases (dispatcher x setting), then depth cases (dispatcher x {same layer x4, `layers` distinct} x
     depth_settings). `depth_ffn_hidden`: a narrower expert for the depth stacks (GPU: `layers` seed-size layers per
-    rank would not fit), said in every record."""
+    rank would not fit), said in every record. Each keyword left None is the profile's (`params.CompoundParams`)."""
     from .. import profiles
+    from ..params import CompoundParams
 
-    base = profiles.base_moe(params)
+    base, cp = profiles.base_moe(params), CompoundParams.of(params)
     trials, rounds, release = profiles.trials(params), profiles.cost_rounds(params), profiles.release(params)
-    layers = layers or int(params.get("depth_layers") or 8)
-    depth_ffn = depth_ffn_hidden or params.get("depth_ffn_hidden") or base.ffn_hidden
+    layers = layers or cp.depth_layers
+    depth_ffn = depth_ffn_hidden or cp.depth_ffn_hidden or base.ffn_hidden
+    depth_settings = depth_settings or cp.depth_settings
     out = []
     for d in params["dispatchers"]:
-        for name in settings or params.get("compound_settings") or list(SETTINGS):
+        for name in settings or cp.compound_settings or list(SETTINGS):
             if name not in SETTINGS:
                 raise ValueError(f"setting ({name!r}) must be one of {', '.join(SETTINGS)}")
             changes, remedy = SETTINGS[name]
@@ -79,6 +81,8 @@ def cases(params: dict, *, settings=None, depth_settings=("plain", "router fp32"
                             knobs={"setting": name, "remedy": remedy, "trials": trials, "rounds": rounds}))
     for d in params["dispatchers"]:
         for name in depth_settings:
+            if name not in SETTINGS:
+                raise ValueError(f"depth setting ({name!r}) must be one of {', '.join(SETTINGS)}")
             changes, remedy = SETTINGS[name]
             for n, distinct in ((4, False), (layers, True)):
                 stack = f"{n} distinct layers" if distinct else f"the same layer x{n}"

@@ -23,13 +23,12 @@ from __future__ import annotations
 from .. import metrics
 from ..config import MoEConfig
 from ..layout import Layout
+from ..params import LayoutParams
 from .protocol import Case
 
 NAME = "layouts"
 NOTEBOOK = "01"
 STAGES = ("router.logits", "router.probs", "router.routing_map", "out")
-DEFAULT_LAYOUTS = ("ep1", "ep4", "tp2,ep2", "tp2,ep2,etp1", "tp2,ep2,sp")
-DEFAULT_REFERENCE = "ep1"
 
 
 def layer_for(base: MoEConfig, layout: Layout) -> MoEConfig:
@@ -38,7 +37,7 @@ def layer_for(base: MoEConfig, layout: Layout) -> MoEConfig:
                         sequence_parallel=layout.sequence_parallel)
 
 
-def case(base: MoEConfig, layout: str, *, reference: str = DEFAULT_REFERENCE, trials: int = 1, cut: int = 90,
+def case(base: MoEConfig, layout: str, *, reference: str = LayoutParams.layout_reference, trials: int = 1, cut: int = 90,
          release: str = "installed") -> Case:
     lay, ref = Layout.parse(layout), Layout.parse(reference)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
@@ -54,23 +53,18 @@ def cases(params: dict) -> list[Case]:
     the world or the layer cannot take is refused before anything starts (one line, its rule)."""
     from .. import profiles
 
-    base = profiles.base_moe(params)
+    base, lp = profiles.base_moe(params), LayoutParams.of(params)
     world = profiles.cluster_config(params).engines
-    layouts = list(params.get("layouts") or DEFAULT_LAYOUTS)
-    reference = params.get("layout_reference") or DEFAULT_REFERENCE
-    if reference not in layouts:
-        layouts.insert(0, reference)
-    for spec in layouts:
+    order, reference = lp.order(), lp.layout_reference
+    for spec in order:
         lay = Layout.parse(spec)
         try:
             layer_for(base, lay).layout(world)
         except ValueError as e:
             raise ValueError(f"layouts entry {spec!r} on {world} ranks: {e}") from None
-    order = [reference] + [s for s in layouts if s != reference]
     return [case(base.replace(dispatcher=d, router_dtype=r), spec, reference=reference,
                  trials=profiles.trials(params), cut=params.get("cut", 90), release=profiles.release(params))
-            for d in params["dispatchers"] for r in params.get("layout_router_dtypes") or ("none", "fp32")
-            for spec in order]
+            for d in params["dispatchers"] for r in lp.layout_router_dtypes for spec in order]
 
 
 # ---------------------------------------------------------------------------------------------- engine side

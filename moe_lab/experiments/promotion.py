@@ -25,21 +25,21 @@ NOTEBOOK = "03"
 
 def grid(params: dict) -> list:
     from .. import profiles
+    from ..params import PromotionParams
 
-    base = profiles.base_moe(params)
+    base, pp = profiles.base_moe(params), PromotionParams.of(params)
     return [base.replace(dispatcher=d, router_dtype=r, probs_fp32_gather=p, deterministic=det)
-            for d, r, p, det in itertools.product(params["dispatchers"],
-                                                  params.get("sweep_router_dtypes") or params["router_dtypes"],
-                                                  params.get("probs_fp32_gather", [False, True]),
-                                                  params.get("deterministic", [False, True]))]
+            for d, r, p, det in itertools.product(params["dispatchers"], pp.router_dtypes(params),
+                                                  pp.probs_fp32_gather, pp.deterministic)]
 
 
 def cases(params: dict) -> list[Case]:
     """Release x grid. A setting a release lacks (router dtype before 0.12) is still a case: its record says
     'skipped' with the reason, so the heatmaps show it as n/a."""
     from .. import profiles
+    from ..params import PromotionParams
 
-    releases = list(params.get("releases") or [profiles.release(params)])
+    releases = list(PromotionParams.of(params).releases or [profiles.release(params)])
     out = []
     for release in releases:
         for cfg in grid(params):

@@ -301,14 +301,15 @@ def cases(params: dict, *, router_dtype: str = "fp64", emulations=None, remedies
     `workspaces`: the CUBLAS_WORKSPACE_CONFIG settings to repeat the remedy cases under (GPU default: unset and
     ':4096:8' — the cost of a remedy depends on it; CPU: unset only)."""
     from .. import profiles
+    from ..params import TruncationParams
 
-    device = params["device"]
+    device, tp_ = params["device"], TruncationParams.of(params)
     world = engines or profiles.cluster_config(params).engines
     cfgs = [profiles.base_moe(params, dispatcher=d, router_dtype=router_dtype) for d in params["dispatchers"]]
     c0 = cfgs[0]
     auto = auto_tile(c0.seq_len, world, c0.topk, c0.num_experts)
-    plan_ = plan(device, emulations=emulations, remedies=remedies or params.get("truncation_remedies"),
-                 tiles=tiles or params.get("truncation_tiles"), auto=auto)
+    plan_ = plan(device, emulations=emulations, remedies=remedies or list(tp_.truncation_remedies) or None,
+                 tiles=tiles or list(tp_.truncation_tiles) or None, auto=auto)
     rounds = rounds or profiles.cost_rounds(params, default_gpu=15, default_cpu=7)
     trials = profiles.trials(params)
     if workspaces is None:  # both workspace settings at the largest world the notebook runs (GPU); else unset

@@ -304,6 +304,8 @@ def wanted_by(params: dict, notebooks=None) -> list[str]:
     """The releases a run of `notebooks` (numbers; None: all) installs before it starts: notebook 03's `releases`.
     The profile's `megatron` (the release of every other notebook) must be installed already: the profile check
     says how if it is not."""
+    from ..params import PromotionParams
+
     if notebooks is not None and "03" not in notebooks:
         return []
-    return list(dict.fromkeys(r for r in params.get("releases") or () if r != "installed"))
+    return [r for r in PromotionParams.of(params).releases if r != "installed"]
