@@ -88,8 +88,9 @@ def capture_hooks(layer, cache: Cache, names_filter=None):
         undo.append(lambda: delattr(obj, attr) if attr in vars(obj) else None)
 
     try:
-        if hasattr(layer.router, "gating"):
-            wrap(layer.router, "gating", "router.logits", None)
+        logits = compat.router_logits_method(layer.router)
+        if logits:
+            wrap(layer.router, logits, "router.logits", None)
         def hook(name, names=None):
             def fn(module, inputs, out):  # must return None: a forward hook's return value replaces the output
                 if keep(name):

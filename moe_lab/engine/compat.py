@@ -42,6 +42,28 @@ DISPATCHER_METHODS = {
 }
 
 
+def router_logits_method(router) -> str | None:
+    """The router method whose output is the logits (`gating`, every release so far), or None where a release has
+    none to wrap."""
+    return "gating" if hasattr(router, "gating") else None
+
+
+@contextlib.contextmanager
+def patched_unpermute(make):
+    """Replace megatron's module-level `token_dispatcher.unpermute` (the combine's sum of each token's expert
+    outputs) by `make(original)` for a block; the dispatchers look it up there at call time. Its signature in
+    0.11–0.19: (permuted_tokens, sorted_indices, restore_shape, probs=None, routing_map=None, fused=False,
+    drop_and_pad=False); `probs` is given only by releases that weight in the combine (<= 0.12)."""
+    from megatron.core.transformer.moe import token_dispatcher as td
+
+    orig = td.unpermute
+    td.unpermute = make(orig)
+    try:
+        yield
+    finally:
+        td.unpermute = orig
+
+
 def dispatcher_entry(dispatcher) -> tuple[str, int]:
     """The dispatcher method that receives the routing probs, and the position of `probs` among its arguments:
     `dispatch_preprocess(hidden, routing_map, probs)` from 0.13, `token_permutation(hidden, probs, routing_map)`

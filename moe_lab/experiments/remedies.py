@@ -239,18 +239,6 @@ def tiled_experts(layer, tile: int):
 _ATOMIC_CALLS = itertools.count()
 
 
-@contextlib.contextmanager
-def _unpermute_patched(make):
-    from megatron.core.transformer.moe import token_dispatcher as td
-
-    orig = td.unpermute
-    td.unpermute = make(orig)
-    try:
-        yield
-    finally:
-        td.unpermute = orig
-
-
 def emulate_atomics():
     """EMULATION of GPU `scatter_add_` atomics in megatron's unpermute: without deterministic mode each call sums a
     token's expert outputs in a fresh random order, rounding every add to bf16; with it, megatron's index_add_ path."""
@@ -267,7 +255,9 @@ def emulate_atomics():
                                restore_shape[0], acc_dtype=permuted_tokens.dtype)
         return unpermute
 
-    return _unpermute_patched(make)
+    from ..engine import compat
+
+    return compat.patched_unpermute(make)
 
 
 def ordered_combine():
@@ -285,7 +275,9 @@ def ordered_combine():
             return out.to(input_dtype)
         return unpermute
 
-    return _unpermute_patched(make)
+    from ..engine import compat
+
+    return compat.patched_unpermute(make)
 
 
 def deterministic():
