@@ -45,6 +45,13 @@ def _stage(plain: dict) -> Finding:
 
 
 def _group(cells: list[dict]) -> list[Finding]:
+    """The group's findings, each claim opening with the preset's name (scaled ones say so): the same sentences
+    are made for every preset, and the CLI's `findings`, the cards and the README list them side by side."""
+    model = (cells[0].get("config") or {}).get("model") or "?"
+    return [dataclasses.replace(f, claim=f"{model}: {f.claim}") for f in _answers(cells)]
+
+
+def _answers(cells: list[dict]) -> list[Finding]:
     plain = next((r for r in cells if promotion.is_plain(r)), None)
     if plain is None:
         return [Finding(EXPERIMENT, promotion.QUESTION, subject_of(cells[0]), NOT_MEASURED,

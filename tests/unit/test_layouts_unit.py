@@ -67,3 +67,22 @@ def test_every_status_is_backed_by_its_records(rows):
     else:
         assert fs[0].status == (PASS if all(k == 0 for _, k, _ in rows) else fs[0].status)
         assert fs[0].status != PASS or all(k == 0 for _, k, _ in rows)
+
+
+def test_the_grad_mode_finding_counts_only_layouts_whose_forward_repeats():
+    """#23 item 4: a grad-enabled forward that differs is the grad mode's effect only where the layout's no-grad
+    reruns are bitwise equal (the control); where they differ too the note says it cannot tell them apart."""
+    from moe_lab.findings.layouts import grad_mode_note
+
+    steady_moved = lay01("allgather", "tp 1 × ep 4", cmp(40), grad_vs_nograd=cmp(553, trials=1))
+    steady_same = lay01("allgather", "tp 2 × ep 2", cmp(40), grad_vs_nograd=cmp(0, trials=1))
+    noisy_moved = lay01("allgather", "tp 2 × ep 2 (etp 1)", cmp(40), rerun=cmp(9, n_differ=3),
+                        grad_vs_nograd=cmp(28, trials=1))
+    note = grad_mode_note([steady_moved, steady_same, noisy_moved])
+    assert "differs in 1 of 2 layout(s) whose no-grad forward repeats bit for bit (tp 1 × ep 4: 553 elements)" in note
+    assert "in the other 1 the reruns differ" in note and "etp 1): 28" not in note
+    # the control: the same records with nothing moving say 0, and a set where no layout repeats claims nothing
+    calm = grad_mode_note([steady_same, lay01("allgather", "tp 1 × ep 4", cmp(40), grad_vs_nograd=cmp(0, trials=1))])
+    assert "differs in 0 of 2 layout(s)" in calm and "training job sees" not in calm
+    assert "not told apart" in grad_mode_note([noisy_moved]) and "differs in" not in grad_mode_note([noisy_moved])
+    assert grad_mode_note([lay01("allgather", "tp 1 × ep 4", cmp(40))]) is None  # not measured: no sentence
