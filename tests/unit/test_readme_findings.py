@@ -22,8 +22,8 @@ def test_control_a_changed_record_changes_the_block(tmp_path):
     dst = tmp_path / "reports" / name
     shutil.copytree(ROOT / "reports" / name, dst, ignore=shutil.ignore_patterns("*.html", "*.ipynb"))
     for other in readme.REPORTS[1:]:
-        shutil.copytree(ROOT / "reports" / other, tmp_path / "reports" / other,
-                        ignore=shutil.ignore_patterns("*.html", "*.ipynb"))
+        shutil.copytree(ROOT / "reports" / other, tmp_path / "reports" / other,  # a folder inside another: once
+                        ignore=shutil.ignore_patterns("*.html", "*.ipynb"), dirs_exist_ok=True)
     recs = json.loads((dst / "results.json").read_text())
     r = next(x for x in recs if x.get("notebook") == "01" and x.get("router_dtype") == "none"
              and x["cross_rank"]["bitwise_equal"] is False)
