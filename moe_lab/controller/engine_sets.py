@@ -85,7 +85,8 @@ class EngineSets:
         """Get the engines of the group after this one going while this one runs (where `prestart_wanted`): a
         cluster of its own when the current one is the shared cluster, else the current cluster's spare set."""
         from . import shared
-        from .cluster import Cluster, prestart_wanted
+        from .cluster import Cluster
+        from .spares import prestart_wanted
 
         c = self.current
         need = changes(c.config, target)

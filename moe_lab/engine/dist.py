@@ -343,7 +343,7 @@ def health_check() -> dict:
 
 def release_caches() -> bool:
     """Drop this rank's cached layers and stacks (and the GPU memory they held); the process group stays. What a
-    notebook leaves behind on a cluster shared by a run's notebooks (Cluster._detach)."""
+    notebook leaves behind on a cluster shared by a run's notebooks (controller.attached.detach)."""
     import gc
 
     import torch

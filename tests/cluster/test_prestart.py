@@ -10,7 +10,8 @@ import pytest
 from moe_lab import profiles
 from moe_lab.config import ClusterConfig
 from moe_lab.controller import processes, shared
-from moe_lab.controller.cluster import Cluster, prestart_wanted
+from moe_lab.controller.cluster import Cluster
+from moe_lab.controller.spares import prestart_wanted
 from moe_lab import releases
 from moe_lab.experiments import protocol, reproduce
 

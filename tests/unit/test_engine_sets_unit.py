@@ -54,7 +54,7 @@ def world(monkeypatch):
     monkeypatch.setattr(shared, "attach", attach)
     monkeypatch.setattr(shared, "serves", lambda config: config == BASE)
     monkeypatch.setattr("moe_lab.controller.cluster.Cluster", FakeCluster)
-    monkeypatch.setattr("moe_lab.controller.cluster.prestart_wanted", lambda cfg: False)
+    monkeypatch.setattr("moe_lab.controller.spares.prestart_wanted", lambda cfg: False)
     return attached
 
 
