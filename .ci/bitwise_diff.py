@@ -11,7 +11,8 @@ import json
 import sys
 
 ID = ("notebook", "kind", "record", "megatron_core", "dispatcher", "router_dtype", "probs_fp32_gather", "deterministic",
-      "variant", "remedy", "emulation", "tile", "stage", "unit", "linear", "M", "op", "seq", "setting", "stack", "layer")
+      "variant", "remedy", "emulation", "tile", "stage", "unit", "linear", "M", "op", "seq", "setting", "stack", "layer",
+      "layout")
 COUNTS = ("cross_rank", "rerun", "truncation", "kernel", "probs",
           # notebook 05: outputs, input gradients, router and expert weight gradients, per backward case or depth layer
           "rerun_out", "truncation_out", "cross_out", "rerun_dx", "truncation_dx", "cross_dx", "rerun_router_grad",
