@@ -4,7 +4,7 @@ cannot take. Torch-free: it reads the presets (`moe_lab.models`), the layout rul
 features' rules (`config.MoEConfig`); the release checks of the engine's compat layer (it imports torch) are not
 run here — every feature a preset sets ships in each release the lab builds (`releases.FEATURE_FIELDS`).
 
-Memory is `tools.scale.plan`'s calculation at TP=1 (parameters exactly; one forward's activations as megatron-core
+Memory is `tools.scale_plan.plan`'s calculation at TP=1 (parameters exactly; one forward's activations as megatron-core
 0.16.1's unfused path allocates them, the lab's comparisons around it), with the expert weights divided by ETP for a
 layout with ETP > 1 (activations under TP/ETP > 1 are not modelled: said so). Ranks that share a GPU (virtual EP) add
 up on it."""
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .. import models
 from ..config import MoEConfig
 from ..layout import Layout
-from . import scale
+from . import scale, scale_plan
 
 GIB = 2**30
 
@@ -112,8 +112,8 @@ def plan(cfg: MoEConfig, layout: Layout, *, preset=None, world: int | None = Non
     for disp in dispatchers:
         for rd in router_dtypes:
             c = cfg.replace(dispatcher=disp, router_dtype=rd, tp=1)
-            row = scale.plan(c, layout.ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0,
-                             device="cpu" if device == "cpu" else "cuda")
+            row = scale_plan.plan(c, layout.ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0,
+                                  device="cpu" if device == "cpu" else "cuda")
             experts = row["param_experts_bytes"] / layout.expert_tp
             shared = scale.param_bytes(c, layout.ep)["shared"] / layout.tp
             weights = row["param_router_bytes"] + shared + experts
@@ -130,4 +130,11 @@ def plan(cfg: MoEConfig, layout: Layout, *, preset=None, world: int | None = Non
     if "fp64" in router_dtypes:
         notes.append("router fp64: the router weight and logits, the probs and (allgather) the combine's "
                      "[tokens x EP, hidden] buffer and reduce-scatter are fp64 — 4x the bf16 bytes there")
+    if mem:  # what an fp64 copy of the layer (an fp64 reference, as the training arithmetic test builds) needs
+        w64 = 4 * mem[0]["weights_gib"]
+        fit64 = ("" if gpu_memory_gib is None or device != "cuda" else
+                 "; fits beside the bf16 layer" if (w64 + mem[0]["weights_gib"]) * rpg <= gpu_memory_gib else
+                 "; does NOT fit beside the bf16 layer")
+        notes.append(f"an fp64 copy of the weights: {w64:.2f} GiB per rank, {w64 * rpg:.2f} GiB per GPU "
+                     f"({rpg} rank(s) on it){fit64}")
     return Plan(title=title, runs=runs, left_out=left, memory=mem, notes=notes, fits=fits)

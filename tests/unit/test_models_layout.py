@@ -108,6 +108,18 @@ def test_preflight_memory_adds_up_over_ranks_sharing_a_gpu():
     assert etp2["experts_gib"] == pytest.approx(one["experts_gib"] / 2)
 
 
+def test_preflight_says_what_an_fp64_copy_of_the_weights_needs():
+    """#23 item 1: DeepSeek-V3's layer at EP=4 on one H200 — its fp64 copy is 4x the bf16 weights, per rank and per
+    GPU, and whether it fits beside the bf16 layer (the control: a smaller GPU where it does not)."""
+    cfg, p = preflight.layer_for("deepseek-v3", 1.0, 1024)
+    big = preflight.plan(cfg, Layout(ep=4), preset=p, gpus=1, dispatchers=("alltoall",), gpu_memory_gib=139)
+    w = big.memory[0]["weights_gib"]
+    line = next(n for n in big.notes if n.startswith("an fp64 copy"))
+    assert f"{4 * w:.2f} GiB per rank, {16 * w:.2f} GiB per GPU (4 rank(s) on it); fits beside" in line
+    small = preflight.plan(cfg, Layout(ep=4), preset=p, gpus=1, dispatchers=("alltoall",), gpu_memory_gib=100)
+    assert "does NOT fit beside the bf16 layer" in next(n for n in small.notes if n.startswith("an fp64 copy"))
+
+
 def test_preflight_json_and_profile_model_key(capsys):
     assert main(["preflight", "--model", "qwen3-30b-a3b", "--scale", "0.125", "--layout", "tp2,ep2", "--device",
                  "cpu", "--json"]) == 0
