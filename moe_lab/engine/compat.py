@@ -1,16 +1,8 @@
-"""Engine side of megatron-core's releases: the shims and building a real MoELayer (what each release has — versions,
-options, features — is `moe_lab.releases`, torch-free, read by the controller too).
-
-megatron-core assumes CUDA. On CPU engines a MoELayer forward needs small, contained shims (DEVELOPERS.md,
-../shared/notes/megatron-core-facts.md), applied only on CPU and only in engine processes:
-- `torch.cuda.current_device()` → the CPU device (router, mappings and experts allocate on it);
-- `torch.cuda.Stream/current_stream/stream/synchronize` → no-ops (alltoall dispatcher's DtoH side stream);
-- split sizes that stay CPU tensors/arrays → lists for `all_to_all_single` (gloo rejects tensors; also on GPU
-  engines that share a GPU over gloo: `apply_gloo_shims`);
-- 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None (also on GPUs
-  without TE: `fix_missing_te`, applied by dist.setup on every device).
+"""Engine side of megatron-core's releases: every probe of megatron's shape (which method takes the probs, where the
+combine can be patched, which router method gives the logits), building a real MoELayer, megatron's own remedies and
+the training hooks (what each release has — versions, options, features — is `moe_lab.releases`, torch-free, read by
+the controller too). The CPU and gloo shims megatron-core needs without CUDA are `engine/shims.py`.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -22,6 +14,7 @@ import torch
 
 # what each release has is the torch-free table in moe_lab/releases.py; the names used here:
 from ..releases import FEATURE_FIELDS, check_router_dtype, installed_version, parse_version
+from . import shims
 
 logger = logging.getLogger(__name__)
 
@@ -71,123 +64,6 @@ def dispatcher_entry(dispatcher) -> tuple[str, int]:
     if hasattr(dispatcher, "dispatch_preprocess"):
         return "dispatch_preprocess", 2
     return "token_permutation", 1
-
-
-# ---------------------------------------------------------------------------------------------- CPU shims
-
-
-class _NoStream:
-    """Stands in for torch.cuda.Stream/Event on CPU: work is already synchronous."""
-
-    def __init__(self, *a, **k):
-        pass
-
-    def wait_stream(self, *a):
-        pass
-
-    def record_event(self, *a):
-        return self
-
-    def synchronize(self):
-        pass
-
-    def wait_event(self, *a):
-        pass
-
-    def query(self):
-        return True
-
-    def __eq__(self, other):
-        return isinstance(other, _NoStream)
-
-    __hash__ = object.__hash__
-
-
-def _as_list(sizes):
-    if sizes is None or isinstance(sizes, list):
-        return sizes
-    if isinstance(sizes, torch.Tensor):
-        return [int(s) for s in sizes.tolist()]
-    return [int(s) for s in sizes]  # numpy arrays, tuples
-
-
-_APPLIED: dict[str, object] = {}
-
-
-def apply_cpu_shims() -> list[str]:
-    """Patch torch.cuda and megatron-core for a CPU-only engine. Idempotent; returns what it patched."""
-    if _APPLIED:
-        return list(_APPLIED)
-    cpu = torch.device("cpu")
-    torch.cuda.current_device = lambda: cpu
-    torch.cuda.Stream = _NoStream
-    torch.cuda.Event = _NoStream
-    torch.cuda.current_stream = lambda *a, **k: _NoStream()
-    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.Tensor.record_stream = lambda self, *a, **k: None
-    _APPLIED.update(current_device=1, streams=1, synchronize=1, record_stream=1)
-
-    apply_gloo_shims()
-    fix_missing_te()
-    logger.debug("CPU shims applied: %s", list(_APPLIED))
-    return list(_APPLIED)
-
-
-def apply_gloo_shims() -> None:
-    """gloo's all_to_all_single wants split sizes as lists of ints; megatron's alltoall dispatcher hands it tensors or
-    numpy arrays (NCCL takes those). Applied on CPU engines and on GPU engines that share a GPU (gloo, virtual EP)."""
-    orig_a2a = torch.distributed.all_to_all_single
-    if getattr(orig_a2a, "_moe_lab_lists", False):
-        return
-
-    @functools.wraps(orig_a2a)
-    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
-        return orig_a2a(output, input, _as_list(output_split_sizes), _as_list(input_split_sizes), *a, **k)
-
-    all_to_all_single._moe_lab_lists = True
-    torch.distributed.all_to_all_single = all_to_all_single
-    _APPLIED["all_to_all_single_lists"] = 1
-    _uneven_all_gather()
-
-
-def _uneven_all_gather() -> None:
-    """gloo's all_gather wants every rank's tensor the same size; megatron's alltoall dispatcher with TP > 1 and
-    sequence parallelism gathers tokens of uneven counts (`_gather_along_first_dim(output_split_sizes=...)`, NCCL
-    takes those). Where sizes differ, each rank's tensor is padded along dim 0 to the largest, gathered, and the
-    rows copied back: a copy, no arithmetic. Equal sizes take gloo's own path unchanged."""
-    orig = torch.distributed.all_gather
-    if getattr(orig, "_moe_lab_uneven", False):
-        return
-
-    @functools.wraps(orig)
-    def all_gather(tensor_list, tensor, group=None, async_op=False):
-        shapes = {tuple(t.shape) for t in tensor_list} | {tuple(tensor.shape)}
-        if len(shapes) == 1 or tensor.dim() == 0 or async_op:
-            return orig(tensor_list, tensor, group=group, async_op=async_op)
-        rows = max(t.shape[0] for t in tensor_list)
-        pad = lambda t: torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))])  # noqa: E731
-        padded = [torch.empty((rows,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device) for t in tensor_list]
-        work = orig(padded, pad(tensor.contiguous()), group=group)
-        for dst, src in zip(tensor_list, padded):
-            dst.copy_(src[: dst.shape[0]])
-        return work
-
-    all_gather._moe_lab_uneven = True
-    torch.distributed.all_gather = all_gather
-    _APPLIED["all_gather_uneven"] = 1
-
-
-def fix_missing_te() -> bool:
-    """0.13–0.16 reference `moe_utils.te_general_gemm` in every router forward but define it only with
-    TransformerEngine → NameError without TE, on GPUs too. Define it as None (the non-TE path). Returns True if set."""
-    from megatron.core.transformer.moe import moe_utils
-
-    if hasattr(moe_utils, "te_general_gemm"):
-        return False
-    moe_utils.te_general_gemm = None
-    _APPLIED["te_general_gemm=None"] = 1
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- building
@@ -365,7 +241,7 @@ def batch_invariant_mode():
         saved = (bik._te_patch_for_batch_invariant, bik._te_unpatch_for_batch_invariant)
         bik._te_patch_for_batch_invariant = lambda: None
         bik._te_unpatch_for_batch_invariant = lambda: None
-        _APPLIED["batch_invariant_without_te"] = 1
+        shims.note("batch_invariant_without_te")
     try:
         with bik.set_batch_invariant_mode(True):
             yield

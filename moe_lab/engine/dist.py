@@ -114,7 +114,7 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
     import torch.distributed  # noqa: F401
     from megatron.core import parallel_state  # noqa: F401
 
-    from . import compat  # noqa: F401 - the shims' module, imported with megatron-core
+    from . import compat, shims  # noqa: F401 - imported with megatron-core (engine warm-up)
 
     return time.perf_counter() - t0
 
@@ -134,7 +134,7 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
     import torch
     import torch.distributed as tdist
 
-    from . import compat
+    from . import compat, shims
 
     if device == "cuda":
         gpu = gpu_index(rank=rank, local_rank=local_rank, local_world=local_world, n_gpu=torch.cuda.device_count(),
@@ -142,12 +142,12 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         torch.cuda.set_device(gpu)
         dev = torch.device("cuda", gpu)
         backend = "nccl" if ranks_per_gpu == 1 else "gloo"
-        compat.fix_missing_te()
+        shims.fix_missing_te()
         if backend == "gloo":
-            compat.apply_gloo_shims()
+            shims.apply_gloo_shims()
     else:
         torch.set_num_threads(1)  # N engines share the cores; oversubscription only slows every rank
-        compat.apply_cpu_shims()
+        shims.apply_cpu_shims()
         dev = torch.device("cpu")
         backend = "gloo"
         gpu = None
