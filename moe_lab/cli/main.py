@@ -22,8 +22,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .argtypes import count as _count, model_list as _models, notebooks as _notebooks, nonempty as _nonempty, \
-    scale as _scale, seconds as _seconds
+from .argtypes import notebooks as _notebooks, nonempty as _nonempty, seconds as _seconds
+from .options import add_launcher_arguments, kv as _kv, launcher_kwargs
 
 logger = logging.getLogger("moe_lab")
 EXIT_INPUT, EXIT_FAULT = 2, 3
@@ -34,16 +34,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
-
-
-def _csv(allowed):
-    def parse(s: str) -> list[str]:
-        vals = [v.strip() for v in s.split(",") if v.strip()]
-        bad = [v for v in vals if v not in allowed]
-        if bad or not vals:
-            raise argparse.ArgumentTypeError(f"{s!r}: each value must be one of {', '.join(allowed)}")
-        return vals
-    return parse
 
 
 class _Version(argparse.Action):
@@ -61,37 +51,7 @@ class _Version(argparse.Action):
         parser.exit(0)
 
 
-def _kv(s: str) -> tuple[str, object]:
-    if "=" not in s:
-        raise argparse.ArgumentTypeError(f"-p {s!r}: expected key=value, e.g. -p seq_len=256")
-    k, v = s.split("=", 1)
-    try:
-        val = json.loads(v)
-    except json.JSONDecodeError:
-        val = v
-    return k.strip(), val
-
-
-def _launcher_option(s: str) -> tuple[str, object]:
-    if "=" not in s:
-        raise argparse.ArgumentTypeError(f"--launcher-option {s!r}: expected key=value, e.g. "
-                                         "--launcher-option 'mpi_args=[\"--oversubscribe\"]'")
-    return _kv(s)
-
-
-def _add_launcher_arguments(p: argparse.ArgumentParser) -> None:
-    from ..config import LAUNCHERS
-
-    p.add_argument("--launcher", choices=LAUNCHERS, default=None,
-                   help="how ipyparallel starts the engines (default local); mpi/slurm/ssh need --device and --engines")
-    p.add_argument("--launcher-option", dest="launcher_options", type=_launcher_option, action="append", default=[],
-                   metavar="KEY=VALUE", help="an ipyparallel launcher setting, value as JSON, e.g. "
-                   "'mpi_args=[\"--oversubscribe\"]', 'timelimit=\"01:00:00\"', 'engines={\"gpu-a\": 8}'")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from ..config import DISPATCHERS, ROUTER_DTYPES
-
     ap = Parser(prog="moe-lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action=_Version)
     ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -99,35 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--log", default=None, help="where an error's traceback goes (default ~/.cache/moe_lab/error.log)")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
+    from . import probe
+
     p = sub.add_parser("probe", help="one-line check of EP divergence on this machine: one JSON object per config")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if a GPU is visible")
-    p.add_argument("--engines", type=_count(), default=None,
-                   help="ranks (= EP x TP); default one per GPU (cuda) or 4 (cpu). On cuda a multiple of the GPUs: "
-                        "k x GPUs puts k ranks on each GPU over gloo (virtual EP)")
-    p.add_argument("--gpus", type=_count(), default=None, help="cuda: GPUs to use (default all visible)")
-    p.add_argument("--trials", type=_count(), default=None, help="trials of each comparison (default 5 on cuda, 3 on cpu)")
-    p.add_argument("--dispatcher", type=_csv(DISPATCHERS), default=["allgather"], help="comma list")
-    p.add_argument("--router-dtype", type=_csv(ROUTER_DTYPES), default=["none"], help="comma list: none,fp32,fp64")
-    p.add_argument("--hidden", type=_count(), default=256)
-    p.add_argument("--experts", type=_count(), default=8)
-    p.add_argument("--topk", type=_count(), default=4)
-    p.add_argument("--ffn", type=_count(), default=512)
-    p.add_argument("--seq", type=_count(2), default=128)
-    p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
-    p.add_argument("--seed", type=int, default=123)
-    p.add_argument("--tp", type=_count(), default=1)
-    p.add_argument("--deterministic", action="store_true", help="torch deterministic algorithms (+NCCL_ALGO=Ring)")
-    p.add_argument("--seed-report", action="store_true", help="the seed report's layer: 4096/64 experts/top-6/1024 tokens/ffn 16384")
-    p.add_argument("--model", type=_models, default=None, help="model presets' layers, comma list, one cluster for "
-                                                               "all (moe-lab preflight lists what each runs): e.g. "
-                                                               "qwen3-30b-a3b,deepseek-v3")
-    p.add_argument("--scale", type=_scale, default=1.0, help="with --model: shrink hidden and ffn (e.g. 0.125)")
-    p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
-    p.add_argument("--start-timeout", type=_seconds, default=120.0,
-                   help="seconds for the engines to start and register (a Slurm job may wait in the queue)")
-    p.add_argument("--json", action="store_true", help="only JSON lines on stdout")
-    _add_launcher_arguments(p)
+    probe.add_arguments(p)
 
     r = sub.add_parser("run", help="execute the numbered notebooks with papermill and render HTML reports")
     r.add_argument("--profile", type=_nonempty("--profile"), default=None, help="cpu | gpu | path to a JSON profile (default: gpu if a GPU is visible)")
@@ -135,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value")
     r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>)")
     r.add_argument("--timeout", type=_seconds, default=None, help="seconds per notebook (default 1800)")
-    _add_launcher_arguments(r)
+    add_launcher_arguments(r)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")
     lab.add_argument("--port", type=int, default=None)
@@ -192,84 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _probe_configs(a) -> list:
-    from ..config import MoEConfig, check_cut
-
-    if a.model and a.seed_report:
-        raise ValueError("--model and --seed-report each choose the layer: give one")
-    if a.scale != 1 and not a.model:
-        raise ValueError("--scale needs --model (it scales a preset)")
-    if a.model:
-        from .. import models
-
-        bases = [models.moe_config(m, a.scale, seq_len=a.seq, seed=a.seed, tp=a.tp, deterministic=a.deterministic)
-                 for m in a.model]
-        check_cut(a.cut, a.seq, "--cut")
-        return [b.replace(dispatcher=d, router_dtype=r) for b in bases for d in a.dispatcher for r in a.router_dtype]
-    elif a.seed_report:
-        base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
-    else:
-        base = MoEConfig(hidden=a.hidden, num_experts=a.experts, topk=a.topk, ffn_hidden=a.ffn, seq_len=a.seq,
-                         seed=a.seed, tp=a.tp, deterministic=a.deterministic)
-    cfgs = [base.replace(dispatcher=d, router_dtype=r) for d in a.dispatcher for r in a.router_dtype]
-    check_cut(a.cut, base.seq_len, "--cut")
-    return cfgs
-
-
 def cmd_probe(a) -> int:
-    from ..controller import placement
-    from ..controller.cluster import Cluster
-    from ..controller.launchers import launcher_settings
-    from ..experiments import probe, protocol
+    from . import probe
 
-    cfgs = _probe_configs(a)
-    release = a.megatron or protocol.INSTALLED
-    if a.megatron:
-        from ..release_dirs import path_for
-
-        path_for(a.megatron)  # installed side by side? one line if not
-    ccfg = placement.default_config(device=a.device, engines=a.engines, gpus=a.gpus, tp=a.tp, timeout_s=a.timeout,
-                                    start_timeout_s=a.start_timeout, deterministic=a.deterministic,
-                                    **_launcher_kwargs(a))
-    launcher_settings(ccfg)  # a bad option or a missing mpiexec/sbatch/ssh: exit 2 before anything starts
-    trials = a.trials or (5 if ccfg.device == "cuda" else 3)
-    cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release) for cfg in cfgs]
-    protocol.check_all(cases, ccfg)  # everything checkable is checked before engines start
-    from ..tools import scale
-
-    scale.check_memory(cfgs, ccfg, cut=a.cut)
-    with Cluster(ccfg) as c:
-        if not a.json:
-            print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.config.placement}, {c.summary()}",
-                  file=sys.stderr)
-
-        def show(rec):
-            rec["ready_s"] = round(c.timings["ready_s"], 2)
-            print(json.dumps(rec, default=str), flush=True)
-            if not a.json:
-                print("# " + probe.headline(rec), file=sys.stderr)
-
-        recs = protocol.run(probe, cluster=c, cases=cases, on_record=show, notebook="")
-    if not a.json:  # the summary: notebook 01's findings over these records, as every report renders them
-        print(probe.verdict(recs), file=sys.stderr)
-    return 0
-
-
-def _launcher_kwargs(a) -> dict:
-    """--launcher / --launcher-option as ClusterConfig fields (nothing when neither is given)."""
-    kw = {}
-    if a.launcher:
-        kw["launcher"] = a.launcher
-    if a.launcher_options:
-        kw["launcher_options"] = dict(a.launcher_options)
-    return kw
+    return probe.cmd(a)
 
 
 def cmd_run(a) -> int:
     from ..reporting import runner
 
     overrides = dict(a.params)
-    overrides.update(_launcher_kwargs(a))
+    overrides.update(launcher_kwargs(a))
     return runner.run_all(profile=a.profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
 
 

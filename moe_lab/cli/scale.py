@@ -1,13 +1,14 @@
-"""`moe-lab scale`: its options and tables (the calculation is moe_lab.tools.scale, the measurement scale_measure)."""
+"""`moe-lab scale`: its options and tables (the calculation is moe_lab.tools.scale and scale_plan, the measurement
+scale_measure)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from ..tools.scale import (DEEPSEEK_V3_MOE_LAYERS, DEFAULT_RESERVE_BYTES, DEFAULT_TFLOPS, GIB, check_ep, min_ep, plan,
-                           presets)
+from ..tools.scale import DEEPSEEK_V3_MOE_LAYERS, DEFAULT_RESERVE_BYTES, DEFAULT_TFLOPS, GIB, check_ep, presets
 from ..tools.scale_measure import measured
+from ..tools.scale_plan import min_ep, plan
 
 
 def _gib(b) -> str:

@@ -1,4 +1,5 @@
-"""Headless runner: numbered notebooks → papermill → executed .ipynb + HTML (full and code-hidden) + index + results.json."""
+"""Headless runner: numbered notebooks → papermill → executed .ipynb + HTML (full and code-hidden) + index +
+results.json. Each notebook's HTML, failure banner and what the index reads from it: reporting.notebook_pages."""
 
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ from .. import profiles
 from ..controller import interrupts
 from ..fsio import ReportWriteError, failed_write, writable_dir
 from .. import results
+from .notebook_pages import NB_PATTERN, ROOT, error_of, mark_failure, render_html, title_of, verdict_of
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 REPORTS = ROOT / "reports"
-NB_PATTERN = re.compile(r"^(\d\d)_[\w-]+\.ipynb$")
 
 
 def numbered_notebooks(nb_dir: Path = NOTEBOOKS) -> dict[str, Path]:
@@ -48,98 +48,6 @@ def default_profile() -> str:
     from ..controller.placement import visible_gpus
 
     return "gpu" if visible_gpus() else "cpu"
-
-
-def _title(nb) -> str:
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if line.startswith("#"):
-                    return line.lstrip("#").strip()
-    return "(untitled)"
-
-
-def _verdict(nb) -> str:
-    """The text output of the cell tagged `verdict` (first lines), or '' if it did not run."""
-    for cell in nb.cells:
-        if "verdict" in cell.get("metadata", {}).get("tags", []):
-            texts = []
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "stream":
-                    texts.append(out.get("text", ""))
-                elif "data" in out:
-                    texts.append(out["data"].get("text/markdown") or out["data"].get("text/plain", ""))
-            return "".join(texts).strip()
-    return ""
-
-
-def _error(nb) -> str:
-    for cell in nb.cells:
-        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            if out.get("output_type") == "error":
-                return f"{out.get('ename')}: {out.get('evalue')}"[:500]
-    return ""
-
-
-def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
-    """The executed notebook as HTML (full, or `exclude_input`: the shared page without code). Each page stands alone
-    (#14): its title, links to the index, the other notebooks and the public issue; local paths scrubbed; wide tables
-    scroll instead of overflowing."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    from .summary import ISSUE
-
-    nb = nbformat.read(nb_path, as_version=4)
-    title = _title(nb)
-    suffix = ".shared.html" if exclude_input else ".html"
-    others = [p for p in sorted(nb_path.parent.glob("[0-9][0-9]_*.ipynb")) if NB_PATTERN.match(p.name)]
-    nav = " · ".join(f"[{p.name[:2]}]({p.stem}{suffix})" if p != nb_path else f"**{p.name[:2]}**" for p in others)
-    nb.cells.insert(0, nbformat.v4.new_markdown_cell(
-        f"[← report index](index.html) · notebooks: {nav} · [Megatron-LM #1421]({ISSUE})"
-        + (" · [this page with code](" + nb_path.stem + ".html)" if exclude_input else "")))
-    exporter = HTMLExporter(exclude_input=exclude_input, exclude_input_prompt=exclude_input,
-                            exclude_output_prompt=exclude_input)
-    body, _ = exporter.from_notebook_node(nb)
-    body = re.sub(r"<title>.*?</title>", f"<title>{html.escape(title)}</title>", body, count=1, flags=re.S)
-    body = body.replace("</head>", "<style>.jp-OutputArea-output{overflow-x:auto}"
-                                   "table.dataframe{font-size:11px}</style></head>", 1)
-    out = nb_path.with_name(nb_path.stem + suffix)
-    out.write_text(scrub_paths(body, nb_path.parent))
-    return out
-
-
-def scrub_paths(text: str, out_dir: Path) -> str:
-    """Local paths out of a shared page: the report directory becomes '.', the checkout '<moe_lab>', home '~'."""
-    for path, name in ((str(out_dir.resolve()), "."), (str(ROOT), "<moe_lab>"), (str(Path.home()), "~")):
-        if path and path != "/":
-            text = text.replace(path, name)
-    return text
-
-
-def mark_failure(nb_path: Path, message: str) -> bool:
-    """Make a failure visible in the executed notebook: a banner on top saying why it stopped and, where the failure
-    left no error output (dead kernel, timeout, SIGTERM), one on the cell that was running. False if already done."""
-    import nbformat
-
-    nb = nbformat.read(nb_path, as_version=4)
-    if any("moe_lab-failure" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
-        return False
-    started = [c for c in nb.cells
-               if c.cell_type == "code" and c.get("metadata", {}).get("papermill", {}).get("start_time")]
-    ename, _, evalue = message.partition(": ")
-    if started and not _error(nb):
-        cell = started[-1]
-        cell.setdefault("outputs", []).append(nbformat.v4.new_output(
-            "error", ename=ename or "Error", evalue=evalue or message, traceback=[message]))
-        cell.metadata.papermill["status"] = "failed"
-    where = f"cell In [{started[-1].get('execution_count') or len(started)}]" if started else "kernel start"
-    banner = nbformat.v4.new_markdown_cell(
-        f'<span style="color:red; font-family:Helvetica Neue, Helvetica, Arial, sans-serif; font-size:2em;">'
-        f"Execution stopped at {where}: {html.escape(message)}</span>", metadata={"tags": ["moe_lab-failure"]})
-    nb.cells.insert(0, banner)
-    nbformat.write(nb, nb_path)
-    return True
 
 
 def _row(num: str, src: Path, status: str, error: str, seconds: float) -> dict:
@@ -173,8 +81,8 @@ def _finish_row(row: dict, dst: Path) -> dict:
             _raise_if_write_failed(e, dst.parent)
             logger.error("marking the failure in %s failed: %s", dst.name, e)
     nb = nbformat.read(dst, as_version=4)
-    row["title"], row["verdict"] = _title(nb), _verdict(nb)
-    row["error"] = row["error"] or (_error(nb) if row["status"] != "ok" else "")
+    row["title"], row["verdict"] = title_of(nb), verdict_of(nb)
+    row["error"] = row["error"] or (error_of(nb) if row["status"] != "ok" else "")
     try:
         row["html"] = render_html(dst).name
         row["shared_html"] = render_html(dst, exclude_input=True).name
@@ -301,12 +209,12 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     profile = profile or default_profile()
     params = profiles.load(profile, overrides)  # raises ValueError before anything starts
     chosen = select(only, nb_dir)
-    from ..tools import scale, versions
+    from ..tools import scale_plan, versions
 
     # Also before any kernel or engine: GPU count vs engines, timeouts, experts vs EP, memory.
     ccfg = profiles.cluster_config(params)
     profiles.base_moe(params).resolved_ep(ccfg.engines)
-    scale.check_memory([profiles.base_moe(params)], ccfg, cut=params.get("cut", 90))  # ranks that do not fit
+    scale_plan.check_memory([profiles.base_moe(params)], ccfg, cut=params.get("cut", 90))  # ranks that do not fit
     # The releases the chosen notebooks use, installed side by side now if missing (from `wheels` offline): the one
     # install step of a run, before any kernel or engine — the experiments only look releases up.
     versions.prepare(versions.wanted_by(params, [num for num, _ in chosen]), from_dir=params.get("wheels"))

@@ -4,7 +4,8 @@ side `measured` and `compare_measured` (calculated vs measured, per rank)."""
 from __future__ import annotations
 
 from ..config import MoEConfig, check_cut
-from .scale import forward_peak, param_bytes, persistent_bytes, plan, check_ep
+from .scale import forward_peak, param_bytes, persistent_bytes, check_ep
+from .scale_plan import plan
 
 
 def measure_layer(cfg_dict: dict, *, cut: int = 90) -> dict:

@@ -5,7 +5,7 @@ import pytest
 
 from moe_lab.config import ClusterConfig, MoEConfig
 from moe_lab.controller.placement import default_config
-from moe_lab.tools.scale import check_memory
+from moe_lab.tools.scale_plan import check_memory
 from moe_lab.engine.dist import gpu_index
 
 GIB = 2**30

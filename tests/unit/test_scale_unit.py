@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from moe_lab import cli, metrics
-from moe_lab.tools import scale, scale_measure
+from moe_lab.tools import scale, scale_measure, scale_plan
 from moe_lab.config import MoEConfig
 
 # hidden 8, 4 experts, top-2, ffn 16, 10 tokens, bf16 (2 B), router dtype = bf16
@@ -75,8 +75,8 @@ def test_allgather_forward_by_hand():
 
 def test_allgather_grows_with_ep_alltoall_does_not():
     ds = scale.presets()["deepseek-v3"]
-    ag = [scale.plan(ds, ep, dispatcher="allgather") for ep in (8, 16, 32, 64)]
-    a2a = [scale.plan(ds, ep, dispatcher="alltoall") for ep in (8, 16, 32, 64)]
+    ag = [scale_plan.plan(ds, ep, dispatcher="allgather") for ep in (8, 16, 32, 64)]
+    a2a = [scale_plan.plan(ds, ep, dispatcher="alltoall") for ep in (8, 16, 32, 64)]
     assert [r["tokens_seen"] for r in ag] == [4096 * ep for ep in (8, 16, 32, 64)]
     assert [r["persistent_bytes"] for r in ag] == [4096 * ep * 7168 * 2 for ep in (8, 16, 32, 64)]
     assert all(b["forward_bytes"] + b["persistent_bytes"] > a["forward_bytes"] + a["persistent_bytes"]
@@ -93,7 +93,7 @@ def test_allgather_grows_with_ep_alltoall_does_not():
 def test_truncation_input_concentrates_rows_on_one_rank():
     seed = MoEConfig.seed_report()
     for ep in (2, 4, 8):
-        r = scale.plan(seed, ep)
+        r = scale_plan.plan(seed, ep)
         # zero tokens on every rank → experts 0..5 on rank 0: EP x (1024 - 90) x 6 rows + a share of the 90 kept
         assert r["rows_truncation"] >= ep * 934 * 6 > r["rows"] == 1024 * 6
         assert r["forward_truncation_bytes"] > r["forward_bytes"]
@@ -101,19 +101,19 @@ def test_truncation_input_concentrates_rows_on_one_rank():
 
 def test_deepseek_v3_needs_ep16_when_gated():
     ds = scale.presets()["deepseek-v3"]
-    assert scale.min_ep(ds, scale.DEEPSEEK_V3_MOE_LAYERS) == 8  # gelu experts, as the lab builds them
-    assert scale.min_ep(ds, scale.DEEPSEEK_V3_MOE_LAYERS, gated=True) == 16  # SwiGLU, as V3: fc1 x2
-    row = scale.plan(ds, 8, gated=True, moe_layers=58)
+    assert scale_plan.min_ep(ds, scale.DEEPSEEK_V3_MOE_LAYERS) == 8  # gelu experts, as the lab builds them
+    assert scale_plan.min_ep(ds, scale.DEEPSEEK_V3_MOE_LAYERS, gated=True) == 16  # SwiGLU, as V3: fc1 x2
+    row = scale_plan.plan(ds, 8, gated=True, moe_layers=58)
     assert not row["model_fits"] and row["fits"]
 
 
 def test_bad_input_says_value_and_rule():
     with pytest.raises(ValueError, match=r"num_experts \(64\) must be divisible by ep \(3\)"):
-        scale.plan(MoEConfig.seed_report(), 3)
+        scale_plan.plan(MoEConfig.seed_report(), 3)
     with pytest.raises(ValueError, match=r"ep \(0\) must be a positive integer"):
         scale.param_bytes(TINY, 0)
     with pytest.raises(ValueError, match="TP=1 only"):
-        scale.plan(TINY.replace(tp=2), 2)
+        scale_plan.plan(TINY.replace(tp=2), 2)
     with pytest.raises(ValueError, match=r"imbalance \(0.5\) must be a number >= 1"):
         scale.rows_per_expert(TINY, 2, imbalance=0.5)
     with pytest.raises(ValueError, match=r"cut \(10\) must be an integer in 1..seq_len-1 \(9\)"):
@@ -123,7 +123,7 @@ def test_bad_input_says_value_and_rule():
     with pytest.raises(ValueError, match=r"counts has 1 entries; this rank has 2 local experts"):
         scale.forward_phases(TINY, 2, counts=[3])
     with pytest.raises(ValueError, match=r"tflops \(0\) must be a positive number"):
-        scale.plan(TINY, 2, tflops=0)
+        scale_plan.plan(TINY, 2, tflops=0)
 
 
 def test_lab_comparison_constants_match_the_cpu_allocator():
