@@ -203,6 +203,18 @@ def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[i
     return skip
 
 
+@dataclass
+class _Group:
+    """One group of cases that share engines: its cluster config, release, expected environment, keys, and the
+    cases still to measure."""
+
+    ccfg: ClusterConfig
+    release: str
+    env: dict
+    keys: dict
+    todo: list
+
+
 def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Case] | None = None,
         results: str | os.PathLike | None = None, notebook: str | None = None, progress: Callable | None = None,
         on_record: Callable[[dict], None] | None = None) -> list[dict]:
@@ -219,15 +231,52 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
     cases = list(cases if cases is not None else experiment.cases(params))
     ccfg0 = cluster.config if cluster is not None else profiles.cluster_config(params)
     ccfg0 = ccfg0.replace(extra_path=()) if cluster is None else ccfg0
-    skipped = check_all(cases, ccfg0, experiment)
     notebook = notebook if notebook is not None else getattr(experiment, "NOTEBOOK", "")
+    plan, by_case, n_reused = _plan(experiment, cases, ccfg0, results, notebook)
+    sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, what stops
+    try:
+        for i, g in enumerate(plan):
+            cluster = sets.ensure(_target(g.ccfg, g.release))
+            env, keys = _checked_env(cluster, g)
+            if i + 1 < len(plan):
+                sets.prefetch(_target(plan[i + 1].ccfg, plan[i + 1].release))
+            items = progress(g.todo, f"{experiment.NAME} ({g.env['megatron_core']})") if progress else g.todo
+            for c in items:
+                recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
+                if results is not None:
+                    results_file.append(results, recs)  # streamed: an interrupted run keeps every finished case
+                for r in recs:
+                    if on_record:
+                        on_record(r)
+                by_case[id(c)] = recs
+                sets.tick()  # the next group's engines import while this group's cases run
+    except BaseException as e:
+        sets.close(e)
+        raise
+    sets.close()
+    out = [r for c in cases for r in by_case.get(id(c), [])]
+    n_measured = sum(len(g.todo) for g in plan)
+    if results is not None and notebook:
+        note_run(results, notebook, [r["case_key"] for r in out if r.get("case_key")], measured=n_measured,
+                 reused=n_reused)
+    if progress is not None:  # a notebook's run: the resume said where the reader sees it (#25 item 5)
+        print(resume_line(experiment.NAME, n_measured, n_reused, len(cases) - n_measured - n_reused))
+    return out
+
+
+def _plan(experiment, cases: list[Case], ccfg0: ClusterConfig, results, notebook: str):
+    """Everything decided before an engine runs: every case checked (one line, before anything starts), the records
+    of cases already measured (same key in `results`) reused, a record written for each case its release cannot
+    take, and the groups still to measure — each of whose releases is installed. Returns (groups, records so far
+    by case, cases reused)."""
+    skipped = check_all(cases, ccfg0, experiment)
     done: dict[str, list[dict]] = {}
     if results is not None:
         for r in results_file.load(results):  # raises ResultsFileError on a bad file, before anything is measured
             if r.get("case_key"):
                 done.setdefault(r["case_key"], []).append(r)
     by_case: dict[int, list[dict]] = {}
-    plan = []  # per group: its cluster config, release, env and case keys; the cases still to measure
+    plan: list[_Group] = []
     n_reused = 0
     for (release, det_env, engine_env), group in _groups(cases):
         cfg_g = ccfg0.replace(env=tuple(sorted({**dict(ccfg0.env), **dict(engine_env)}.items())))
@@ -251,43 +300,22 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
                     sum(keys[id(c)] in done for c in group), sum(id(c) in skipped for c in group))
         if todo:
             release_path(release)  # installed side by side? one line saying how if not, before any engine starts
-            plan.append((cfg_g, release, env0, keys, todo))
-    sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, what stops
-    try:
-        for i, (cfg_g, release, env0, keys, todo) in enumerate(plan):
-            cluster = sets.ensure(_target(cfg_g, release))
-            env = environment(cluster)
-            actual = {k: env.get(k) for k in ENV_KEY}
-            if actual["megatron_core"] != env0["megatron_core"]:
-                raise RuntimeError(f"engines imported megatron-core {actual['megatron_core']}, expected "
-                                   f"{env0['megatron_core']}: check `moe-lab versions list`")
-            if actual != {k: env0.get(k) for k in ENV_KEY}:  # e.g. a GPU the controller could not name
-                keys = {id(c): case_key(c, actual, cfg_g) for c in todo}
-            if i + 1 < len(plan):
-                sets.prefetch(_target(*plan[i + 1][:2]))
-            items = progress(todo, f"{experiment.NAME} ({env0['megatron_core']})") if progress else todo
-            for c in items:
-                recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
-                if results is not None:
-                    results_file.append(results, recs)  # streamed: an interrupted run keeps every finished case
-                for r in recs:
-                    if on_record:
-                        on_record(r)
-                by_case[id(c)] = recs
-                sets.tick()  # the next group's engines import while this group's cases run
-    except BaseException as e:
-        sets.close(e)
-        raise
-    sets.close()
-    out = [r for c in cases for r in by_case.get(id(c), [])]
-    n_measured = sum(len(p[4]) for p in plan)
-    n_skipped = len(cases) - n_measured - n_reused
-    if results is not None and notebook:
-        note_run(results, notebook, [r["case_key"] for r in out if r.get("case_key")], measured=n_measured,
-                 reused=n_reused)
-    if progress is not None:  # a notebook's run: the resume said where the reader sees it (#25 item 5)
-        print(resume_line(experiment.NAME, n_measured, n_reused, n_skipped))
-    return out
+            plan.append(_Group(cfg_g, release, env0, keys, todo))
+    return plan, by_case, n_reused
+
+
+def _checked_env(cluster, g: _Group) -> tuple[dict, dict]:
+    """The environment the group's engines report, checked against what the keys assumed: the wrong release is an
+    error; any other difference (e.g. a GPU the controller could not name) re-keys the group's cases."""
+    env = environment(cluster)
+    actual = {k: env.get(k) for k in ENV_KEY}
+    if actual["megatron_core"] != g.env["megatron_core"]:
+        raise RuntimeError(f"engines imported megatron-core {actual['megatron_core']}, expected "
+                           f"{g.env['megatron_core']}: check `moe-lab versions list`")
+    keys = g.keys
+    if actual != {k: g.env.get(k) for k in ENV_KEY}:
+        keys = {id(c): case_key(c, actual, g.ccfg) for c in g.todo}
+    return env, keys
 
 
 def resume_line(name: str, measured: int, reused: int, skipped: int = 0) -> str:
