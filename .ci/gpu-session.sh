@@ -2,6 +2,9 @@
 # How the GPU reports and logs are made: run on an air-gapped GPU node from the repo root, with wheels in .whl/
 # (`moe-lab wheelhouse -o .whl --python 3.12`, minus what the node has, and minus debugpy and jedi — ipykernel and
 # IPython import them only if present: 10 MB the 64 MiB working-tree limit needs) and the node's own CUDA torch.
+# The device tool copies the whole working tree and refuses more than 64 MiB with the carry: since the committed
+# reports passed ~60 MB (2026-12-02), move aside the report folders a call does not continue (e.g. all of reports/
+# for pytest: `mv reports /tmp/r && mkdir reports`, back after) and carry only the wheels the node lacks (~11 MB).
 # Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
 # STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, presets (every model preset, #23),
 #        report:NN[+NN...], bench, capture
