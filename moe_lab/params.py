@@ -205,6 +205,9 @@ class LayoutParams(_Flat):
     """The layout every other one is compared with (run first; added if `layouts` lacks it)."""
     layout_router_dtypes: tuple[str, ...] = ("none", "fp32")
     """moe_router_dtype settings each layout runs with."""
+    layout_deterministic: tuple[bool, ...] = (False,)
+    """torch deterministic algorithms off / on for every layout and its reference (on GPUs also NCCL_ALGO=Ring and
+    CUBLAS_WORKSPACE_CONFIG=:4096:8): with it on, a GPU's reference repeats itself and a difference is the layout's."""
 
     def __post_init__(self):
         from .layout import Layout
@@ -219,6 +222,7 @@ class LayoutParams(_Flat):
             except ValueError as e:
                 raise ValueError(f"layouts entry: {e}") from None
         _strs(self, "layout_router_dtypes", ROUTER_DTYPES)
+        _bools(self, "layout_deterministic")
 
     def order(self) -> list[str]:
         """The reference first, then the other layouts as listed."""

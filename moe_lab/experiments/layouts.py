@@ -38,19 +38,23 @@ def layer_for(base: MoEConfig, layout: Layout) -> MoEConfig:
 
 
 def case(base: MoEConfig, layout: str, *, reference: str = LayoutParams.layout_reference, trials: int = 1, cut: int = 90,
-         release: str = "installed") -> Case:
+         release: str = "installed", deterministic_env: bool = False) -> Case:
+    """One layout of `base` against `reference` (both with `base`'s deterministic mode; `deterministic_env`: the
+    engines start with NCCL_ALGO=Ring and CUBLAS_WORKSPACE_CONFIG=:4096:8, as on GPUs)."""
     lay, ref = Layout.parse(layout), Layout.parse(reference)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ValueError(f"trials ({trials!r}) must be an integer >= 1")
     return Case(experiment=NAME, moe=layer_for(base, lay), cut=cut, kind="layout", release=release,
-                knobs=dict(layout_spec=layout, reference_spec=reference, trials=trials,
+                deterministic_env=deterministic_env, knobs=dict(layout_spec=layout, reference_spec=reference, trials=trials,
                            reference_moe=layer_for(base, ref).asdict()),
-                label=f"{base.dispatcher}/{base.router_dtype} {lay.label()}")
+                label=f"{base.dispatcher}/{base.router_dtype}{' det' if base.deterministic else ''} {lay.label()}")
 
 
 def cases(params: dict) -> list[Case]:
-    """Every layout of `layouts` (the reference first) for each dispatcher x router dtype of the profile; a layout
-    the world or the layer cannot take is refused before anything starts (one line, its rule)."""
+    """Every layout of `layouts` (the reference first) for each dispatcher x router dtype x deterministic mode of the
+    profile (`LayoutParams`); a layout the world or the layer cannot take is refused before anything starts (one line,
+    its rule). With deterministic mode on, a GPU's reference repeats itself, so a layout's difference is the layout's
+    and not run-to-run nondeterminism."""
     from .. import profiles
 
     base, lp = profiles.base_moe(params), LayoutParams.of(params)
@@ -62,9 +66,12 @@ def cases(params: dict) -> list[Case]:
             layer_for(base, lay).layout(world)
         except ValueError as e:
             raise ValueError(f"layouts entry {spec!r} on {world} ranks: {e}") from None
-    return [case(base.replace(dispatcher=d, router_dtype=r), spec, reference=reference,
-                 trials=profiles.trials(params), cut=params.get("cut", 90), release=profiles.release(params))
-            for d in params["dispatchers"] for r in lp.layout_router_dtypes for spec in order]
+    gpu = params["device"] == "cuda"
+    return [case(base.replace(dispatcher=d, router_dtype=r, deterministic=det), spec, reference=reference,
+                 trials=profiles.trials(params), cut=params.get("cut", 90), release=profiles.release(params),
+                 deterministic_env=det and gpu)
+            for det in lp.layout_deterministic for d in params["dispatchers"] for r in lp.layout_router_dtypes
+            for spec in order]
 
 
 # ---------------------------------------------------------------------------------------------- engine side

@@ -10,14 +10,19 @@ EXPERIMENT = "layouts"
 QUESTION = "layout changes the bits"
 
 
+def _who(r: dict) -> str:
+    """'allgather, router none' (+ ', deterministic' where deterministic mode was on)."""
+    return f"{r['dispatcher']}, router {r['router_dtype']}" + (", deterministic" if r.get("deterministic") else "")
+
+
 def _one(r: dict) -> Finding:
     c, rr = r["vs_reference"], r["rerun"]
     k, n = trials(c)
     rerun_k, _ = trials(rr)
     first = r.get("first_divergent_stage")
-    subj = subject_of(r, router_dtype=r["router_dtype"], layout=r["layout"])
+    subj = subject_of(r, router_dtype=r["router_dtype"], layout=r["layout"], deterministic=bool(r.get("deterministic")))
     ev = Evidence(records=case_keys([r]), trials=(k, n))
-    claim = f"{r['dispatcher']}, router {r['router_dtype']}, {r['layout']} vs {r['reference_layout']}: "
+    claim = f"{_who(r)}, {r['layout']} vs {r['reference_layout']}: "
     if k == 0:
         status = PASS
         claim += f"output {describe(c)}"
@@ -46,18 +51,18 @@ def _one(r: dict) -> Finding:
 def _summary(sub: list[dict], per: list[Finding]) -> list[Finding]:
     others = [f for f in per if f.subject.get("layout") != sub[0].get("reference_layout")]
     r0 = sub[0]
-    subj = subject_of(r0, router_dtype=r0["router_dtype"])
+    subj = subject_of(r0, router_dtype=r0["router_dtype"], deterministic=bool(r0.get("deterministic")))
     ref = next((r for r in sub if r.get("is_reference")), None)
     if not others:
         return [Finding(EXPERIMENT, QUESTION, subj, NOT_MEASURED,
-                        f"{r0['dispatcher']}, router {r0['router_dtype']}: no layout other than the reference "
+                        f"{_who(r0)}: no layout other than the reference "
                         f"{r0['reference_layout']} "
                         "was measured — nothing is claimed about layouts", Evidence(records=case_keys(sub)),
                         card=r0["router_dtype"] == "none", commits=commits_of(sub))]
     differ = [f for f in others if f.status != PASS]
     status = PASS if not differ else FAIL if all(f.status == FAIL for f in differ) else MIXED
     names = ", ".join(f.subject["layout"] for f in differ)
-    claim = (f"{r0['dispatcher']}, router {r0['router_dtype']}: {len(differ)} of {len(others)} layout(s) change the "
+    claim = (f"{_who(r0)}: {len(differ)} of {len(others)} layout(s) change the "
              f"output bits against {r0['reference_layout']}" + (f" ({names})" if differ else ""))
     ev = Evidence(records=case_keys(sub))
     if ref is not None:  # the control: the reference against itself, run again
@@ -97,7 +102,7 @@ def findings(records: list[dict]) -> list[Finding]:
     recs = [r for r in records if isinstance(r, dict) and r.get("experiment") == EXPERIMENT
             and r.get("kind") == "layout" and "skipped" not in r]
     out: list[Finding] = []
-    for _key, sub in groups(recs, "router_dtype").items():
+    for _key, sub in groups(recs, "router_dtype", "deterministic").items():
         def build(sub=sub):
             per = [_one(r) for r in sub]
             return _summary(sub, per) + [f for f in per if not f.subject.get("layout") == sub[0]["reference_layout"]]

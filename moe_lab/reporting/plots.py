@@ -318,13 +318,15 @@ def cost_bars(cost_df: pd.DataFrame, ax=None):
 
 
 def layout_heatmap(records: list[dict], ax=None):
-    """Notebook 01's layout question: rows dispatcher / router dtype, columns the layouts, each cell the worst trial's
-    fraction of output elements that differ from the reference layout (bitwise equal: the zero colour)."""
+    """Notebook 01's layout question: rows dispatcher / router dtype (/ deterministic mode), columns the layouts, each
+    cell the worst trial's fraction of output elements that differ from the reference layout (bitwise equal: the zero
+    colour)."""
     recs = [r for r in records if r.get("kind") == "layout" and isinstance(r.get("vs_reference"), dict)
             and "n_mismatch" in r["vs_reference"]]
     if not recs:
         return not_applicable(records, ax, "layout comparison")
-    rows = pd.DataFrame([{"case": f"{r['dispatcher']} / router {r['router_dtype']}", "layout": r["layout"],
+    rows = pd.DataFrame([{"case": f"{r['dispatcher']} / router {r['router_dtype']}"
+                                  + (" / deterministic" if r.get("deterministic") else ""), "layout": r["layout"],
                           "frac": r["vs_reference"]["mismatch_frac"]} for r in recs])
     table = rows.pivot_table(index="case", columns="layout", values="frac", aggfunc="max", sort=False)
     if ax is None:

@@ -86,3 +86,23 @@ def test_the_grad_mode_finding_counts_only_layouts_whose_forward_repeats():
     assert "differs in 0 of 2 layout(s)" in calm and "training job sees" not in calm
     assert "not told apart" in grad_mode_note([noisy_moved]) and "differs in" not in grad_mode_note([noisy_moved])
     assert grad_mode_note([lay01("allgather", "tp 1 × ep 4", cmp(40))]) is None  # not measured: no sentence
+
+
+def test_deterministic_layout_cases_are_their_own_group_with_their_own_claim():
+    """The layouts question with deterministic mode on (GPU profile): the same layouts again, engines started with
+    the deterministic environment on GPUs only; their findings never merge with the plain ones."""
+    from moe_lab import profiles
+    from moe_lab.experiments import layouts
+    from moe_lab.findings import layouts as found
+
+    p = profiles.load("cpu", {"dispatchers": ["allgather"], "layout_router_dtypes": ["none"],
+                              "layouts": ["ep1", "ep4"], "layout_deterministic": [False, True]})
+    cs = layouts.cases(p)
+    assert [(c.moe.deterministic, c.deterministic_env) for c in cs] == [(False, False)] * 2 + [(True, False)] * 2
+    plain = [lay01("allgather", REF, cmp(0)), lay01("allgather", "tp 1 × ep 4", cmp(30))]
+    det = [dict(r, deterministic=True, case_key=r["case_key"] + "/det") for r in
+           (lay01("allgather", REF, cmp(0)), lay01("allgather", "tp 1 × ep 4", cmp(0)))]
+    summaries = [f for f in found.findings(plain + det) if "layout(s) change" in f.claim]
+    assert sorted(f.claim for f in summaries) == [
+        "allgather, router none, deterministic: 0 of 1 layout(s) change the output bits against tp 1 × ep 1",
+        "allgather, router none: 1 of 1 layout(s) change the output bits against tp 1 × ep 1 (tp 1 × ep 4)"]
