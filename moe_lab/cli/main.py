@@ -149,13 +149,14 @@ def cmd_lab(a) -> int:
 
 
 def cmd_versions(a) -> int:
+    from .. import release_dirs
     from ..tools import versions
 
     if a.vcmd == "install":
         path = versions.install(a.version, from_dir=a.from_dir, force=a.force)
         print(path)
     else:
-        rows = versions.list_installed()
+        rows = release_dirs.list_installed()
         if not rows:
             print("no megatron-core releases installed side by side; `moe-lab versions install X.Y.Z`")
         for row in rows:

@@ -37,15 +37,16 @@ def layer_for(base: MoEConfig, layout: Layout) -> MoEConfig:
                         sequence_parallel=layout.sequence_parallel)
 
 
-def case(base: MoEConfig, layout: str, *, reference: str = LayoutParams.layout_reference, trials: int = 1, cut: int = 90,
-         release: str = "installed", deterministic_env: bool = False) -> Case:
+def case(base: MoEConfig, layout: str, *, reference: str = LayoutParams.layout_reference, trials: int = 1,
+         cut: int = 90, release: str = "installed", deterministic_env: bool = False) -> Case:
     """One layout of `base` against `reference` (both with `base`'s deterministic mode; `deterministic_env`: the
     engines start with NCCL_ALGO=Ring and CUBLAS_WORKSPACE_CONFIG=:4096:8, as on GPUs)."""
     lay, ref = Layout.parse(layout), Layout.parse(reference)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ValueError(f"trials ({trials!r}) must be an integer >= 1")
     return Case(experiment=NAME, moe=layer_for(base, lay), cut=cut, kind="layout", release=release,
-                deterministic_env=deterministic_env, knobs=dict(layout_spec=layout, reference_spec=reference, trials=trials,
+                deterministic_env=deterministic_env,
+                knobs=dict(layout_spec=layout, reference_spec=reference, trials=trials,
                            reference_moe=layer_for(base, ref).asdict()),
                 label=f"{base.dispatcher}/{base.router_dtype}{' det' if base.deterministic else ''} {lay.label()}")
 

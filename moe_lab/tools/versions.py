@@ -37,8 +37,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .. import releases
-from ..release_dirs import (PACKAGE, cache_dir, is_installed, list_installed, normalize, path_for, python_tag,
-                            version_dir)
+from ..release_dirs import PACKAGE, is_installed, normalize, path_for, python_tag, version_dir
 from .errors import InstallError
 
 logger = logging.getLogger(__name__)

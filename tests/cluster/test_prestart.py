@@ -110,7 +110,8 @@ def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(oth
     assert [r["cross_rank"]["n_mismatch"] for r in early] == [r["cross_rank"]["n_mismatch"] for r in plain]
 
 
-def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(other_release, tmp_path, monkeypatch, caplog):
+def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(other_release, tmp_path, monkeypatch,
+                                                                             caplog):
     import logging
 
     import psutil
@@ -128,7 +129,8 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(ot
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(other_release, tmp_path, monkeypatch, caplog):
+def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(other_release, tmp_path,
+                                                                                    monkeypatch, caplog):
     """Another release first, then the installed one: the second group runs on the run's shared cluster again (no
     restart back of the first group's own engines, which stop); without a shared cluster (the control) it runs on
     the own cluster restarted back. The records are the same either way (CPU forwards are deterministic)."""

@@ -98,7 +98,8 @@ def test_defaults_come_from_the_dataclass_and_a_profile_value_wins():
 @pytest.mark.parametrize("kv, said", [
     ({"layouts": "ep1;ep1"}, "must be a non-empty list of distinct layouts"),
     ({"layouts": ["ep1", "tp0"]}, "layouts entry"),
-    ({"layout_router_dtypes": ["bf16"]}, "layout_router_dtypes (['bf16']) must be a non-empty list of none, fp32, fp64"),
+    ({"layout_router_dtypes": ["bf16"]},
+     "layout_router_dtypes (['bf16']) must be a non-empty list of none, fp32, fp64"),
     ({"probs_fp32_gather": [0, 1]}, "probs_fp32_gather ([0, 1]) must be a non-empty list of true/false"),
     ({"deterministic": []}, "deterministic ([]) must be a non-empty list of true/false"),
     ({"truncation_engines": [0]}, "truncation_engines ([0]) must be a list of positive integers"),

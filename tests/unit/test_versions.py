@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_lab import releases
+from moe_lab import release_dirs, releases
 from moe_lab.tools import versions
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -121,13 +121,13 @@ def test_from_dir_accepts_compatible_wheel_or_buildable_sdist(tmp_path):
 
 def test_cache_dir_env_and_default(tmp_path, monkeypatch):
     monkeypatch.setenv("MOE_LAB_CACHE", str(tmp_path / "c"))
-    assert versions.cache_dir() == tmp_path / "c"
+    assert release_dirs.cache_dir() == tmp_path / "c"
     assert versions.version_dir("0.16.1") == tmp_path / "c" / "megatron-core" / PY / "0.16.1"
     monkeypatch.delenv("MOE_LAB_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert versions.cache_dir() == tmp_path / "home" / ".cache" / "moe_lab"
+    assert release_dirs.cache_dir() == tmp_path / "home" / ".cache" / "moe_lab"
     monkeypatch.setenv("MOE_LAB_CACHE", "")  # empty = unset
-    assert versions.cache_dir() == tmp_path / "home" / ".cache" / "moe_lab"
+    assert release_dirs.cache_dir() == tmp_path / "home" / ".cache" / "moe_lab"
 
 
 def test_normalize():
@@ -136,12 +136,12 @@ def test_normalize():
 
 
 def test_list_installed_sorted_by_version_all_pythons(cache):
-    assert versions.list_installed() == []
+    assert release_dirs.list_installed() == []
     for py, v in (("3.12", "0.19.2"), (PY, "0.16.1"), (PY, "0.9.0"), (PY, OLD)):
         _fake_install(cache, py, v)
     (cache / "megatron-core" / PY / ".partial-0.13.1-host-1-abc").mkdir()  # interrupted: never listed
     (cache / "megatron-core" / PY / "0.14.0").mkdir()  # empty folder: not an install
-    rows = versions.list_installed()
+    rows = release_dirs.list_installed()
     assert [r["version"] for r in rows] == ["0.9.0", OLD, "0.16.1", "0.19.2"]  # 0.9 < 0.12: versions, not strings
     assert rows[1] == {"version": OLD, "path": str(cache / "megatron-core" / PY / OLD), "python": PY}
     assert rows[-1]["python"] == "3.12"
@@ -287,7 +287,7 @@ def _import_in_subprocess(path) -> str:
 def test_real_install_side_by_side(real_cache):
     p = versions.install(OLD)
     assert p == real_cache / "megatron-core" / PY / OLD
-    assert [(r["version"], r["python"], r["path"]) for r in versions.list_installed()] == [(OLD, PY, str(p))]
+    assert [(r["version"], r["python"], r["path"]) for r in release_dirs.list_installed()] == [(OLD, PY, str(p))]
     assert versions.path_for(OLD) == p
     meta = json.loads((p / versions.MARKER).read_text())
     assert meta["version"] == OLD and meta["source"] == "index"

@@ -18,6 +18,7 @@ from packaging import tags
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from moe_lab import release_dirs
 from moe_lab.tools import versions, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,5 +221,5 @@ def test_sdist_release_installs_offline_from_the_wheelhouse(tiny, tmp_path, monk
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.setenv(var, "http://127.0.0.1:9")
     p = versions.install("0.12.0", from_dir=out)
-    assert versions.list_installed() == [{"version": "0.12.0", "path": str(p), "python": PY}]
+    assert release_dirs.list_installed() == [{"version": "0.12.0", "path": str(p), "python": PY}]
     assert list(p.glob(f"megatron/core/datasets/helpers_cpp*{sys.version_info[0]}{sys.version_info[1]}*.so"))
