@@ -35,12 +35,18 @@ class _Section:
         return dataclasses.asdict(self)
 
 
-def _tuple_of(obj, name: str, kind: type, allowed=None) -> tuple:
-    """obj.name as a non-empty tuple of distinct `kind` values (from allowed); a JSON list becomes a tuple."""
+def _as_tuple(obj, name: str):
+    """obj.name, a JSON list made the tuple a frozen dataclass keeps (set in place)."""
     v = getattr(obj, name)
     if isinstance(v, list):
         v = tuple(v)
         object.__setattr__(obj, name, v)
+    return v
+
+
+def _tuple_of(obj, name: str, kind: type, allowed=None) -> tuple:
+    """obj.name as a non-empty tuple of distinct `kind` values (from allowed); a JSON list becomes a tuple."""
+    v = _as_tuple(obj, name)
     ok = (isinstance(v, tuple) and v and len(set(v)) == len(v)
           and all(isinstance(x, kind) and (kind is not int or (not isinstance(x, bool) and x > 0)) for x in v)
           and (allowed is None or all(x in allowed for x in v)))
@@ -170,19 +176,13 @@ class _Flat(_Section):
 
 
 def _bools(obj, name: str) -> None:
-    v = getattr(obj, name)
-    if isinstance(v, list):
-        v = tuple(v)
-        object.__setattr__(obj, name, v)
+    v = _as_tuple(obj, name)
     if not isinstance(v, tuple) or not v or not all(isinstance(x, bool) for x in v):
         raise ValueError(f"{name} ({list(v) if isinstance(v, tuple) else v!r}) must be a non-empty list of true/false")
 
 
 def _strs(obj, name: str, allowed=None, *, empty_ok: bool = False, what: str = "") -> None:
-    v = getattr(obj, name)
-    if isinstance(v, list):
-        v = tuple(v)
-        object.__setattr__(obj, name, v)
+    v = _as_tuple(obj, name)
     ok = isinstance(v, tuple) and (v or empty_ok) and all(isinstance(x, str) for x in v) \
         and (allowed is None or all(x in allowed for x in v))
     if not ok:
@@ -287,10 +287,7 @@ class TruncationParams(_Flat):
 
     def __post_init__(self):
         for name in ("truncation_engines", "truncation_tiles"):
-            v = getattr(self, name)
-            if isinstance(v, list):
-                v = tuple(v)
-                object.__setattr__(self, name, v)
+            v = _as_tuple(self, name)
             if not isinstance(v, tuple) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
                                                    for x in v):
                 raise ValueError(f"{name} ({list(v) if isinstance(v, tuple) else v!r}) must be a list of positive "
