@@ -58,6 +58,13 @@ class Layout:
     def min_world(self) -> int:
         return math.lcm(self.tp, self.expert_tp * self.ep)
 
+    def spec(self) -> str:
+        """The layout in `parse`'s form, shortest: 'ep4', 'tp2,ep2,sp', 'tp2,ep4,etp1,sp' (parse(spec) has the same
+        sizes)."""
+        parts = ([f"tp{self.tp}"] if self.tp != 1 else []) + [f"ep{self.ep}"]
+        parts += ([f"etp{self.expert_tp}"] if self.expert_tp != self.tp else []) + (["sp"] if self.sequence_parallel else [])
+        return ",".join(parts)
+
     def label(self) -> str:
         s = f"tp {self.tp} × ep {self.ep}"
         if self.expert_tp != self.tp:

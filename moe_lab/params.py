@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .config import DISPATCHERS, ROUTER_DTYPES, _choice, _positive
+from .layout import Layout
 
 
 class _Section:
@@ -73,6 +74,9 @@ class TrainParams(_Section):
     plain setting in the last-listed mode."""
     eps: tuple[int, ...] = (1, 2, 4)
     """Expert-parallel sizes compared (the first is the reference layout); the rest of the world is data parallel."""
+    layouts: tuple[str, ...] = ()
+    """Further layouts compared after the EPs (moe_lab.layout's form, e.g. "tp2,ep2,sp", "tp2,ep2,etp1,sp"): TP > 1
+    needs 'sp' (megatron requires sequence parallelism for MoE with TP in training)."""
     reruns: int = 2
     """Runs of every plain layout of the first stack (run 1 is the rerun: the run-to-run effect)."""
     deep_reruns: int = 2
@@ -103,6 +107,22 @@ class TrainParams(_Section):
                 raise ValueError(f"training.{name} ({v!r}) must be 0 (the profile's) or a positive integer")
         for name, kind in (("stacks", int), ("eps", int), ("deterministic", bool), ("settings", str)):
             _tuple_of(self, name, kind)
+        lays = _as_tuple(self, "layouts")
+        if not isinstance(lays, tuple) or not all(isinstance(x, str) for x in lays):
+            raise ValueError(f"training.layouts ({lays!r}) must be a list of layouts such as \"tp2,ep2,sp\"")
+        specs = [Layout(ep=e).spec() for e in self.eps]
+        for text in lays:
+            try:
+                lay = Layout.parse(text)
+            except ValueError as e:
+                raise ValueError(f"training.layouts: {e}") from None
+            if lay.spec() in specs:
+                raise ValueError(f"training.layouts: {text!r} is listed twice (as {lay.spec()!r}; the eps are "
+                                 f"{', '.join(specs[:len(self.eps)])})")
+            if lay.tp > 1 and not lay.sequence_parallel:
+                raise ValueError(f"training.layouts: {text!r} has tp {lay.tp} without sequence parallelism, which "
+                                 f"megatron requires for MoE with TP in training: write \"{lay.spec()},sp\"")
+            specs.append(lay.spec())
         _choice("training.dispatcher", self.dispatcher, DISPATCHERS)
         if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not 0 < self.lr < 1:
             raise ValueError(f"training.lr ({self.lr!r}) must be a number in (0, 1)")

@@ -2,15 +2,19 @@
 gradient arithmetic and optimizer semantics, and what every step leaves behind (loss, gradient norm, weight
 fingerprints and sketches, the routing of every layer).
 
-The arithmetic is megatron-core's DistributedDataParallel + get_megatron_optimizer (0.16, `average_in_collective`
-off, one micro-batch): every gradient is scaled by 1/DP (DP = world / tp, for expert parameters too: their gradient
-already sums the tokens of the whole EP group) and summed — dense (router) parameters over the data-parallel group,
-expert parameters over the expert-data-parallel group — in the parameters' dtype (bf16) or, with
-`grad_reduce_fp32`, in fp32 (megatron's `grad_reduce_in_fp32`); then fp32 main weights take the gradient, the
-global norm (dense² + expert² summed over the EP group) clips it at `clip_grad`, AdamW steps, and the bf16 weights
-are the main weights cast back. Over gloo megatron's own DDP cannot run (its bucket sync uses torch's
-`_coalescing_manager`, which gloo rejects for CUDA tensors) and its optimizer allocates on 'cuda': this is the same
-arithmetic written out, tested equal to megatron's on a GPU (tests/gpu/test_training_gpu.py) and to EP=1 in fp64
+The arithmetic is megatron-core's DistributedDataParallel + finalize_model_grads + get_megatron_optimizer (0.16,
+`average_in_collective` off, one micro-batch). The global batch is split into DP x TP contiguous shares: data-parallel
+rank d, tensor-parallel rank r feeds share d*TP + r (with TP > 1 the layout must be sequence parallel, as megatron
+requires for MoE with TP; each TP rank's loss is its share's mean / TP, so the TP ranks' losses sum to their DP
+share's mean). Every gradient is scaled by 1/DP (DP = world / tp, for expert parameters too: their gradient already
+sums the tokens of the whole EP x ETP group) and summed — dense (router) parameters over the data-parallel group,
+then over the TP group (megatron's all-reduce of sequence-parallel parameters), expert parameters over the
+expert-data-parallel group — in the parameters' dtype (bf16) or, with `grad_reduce_fp32`, in fp32 (megatron's
+`grad_reduce_in_fp32`); then fp32 main weights take the gradient, the global norm (the TP-replicated router counted
+once, expert² summed over the ETP x EP group) clips it at `clip_grad`, AdamW steps, and the bf16 weights are the main
+weights cast back. Over gloo megatron's own DDP cannot run (its bucket sync uses torch's `_coalescing_manager`, which
+gloo rejects for CUDA tensors) and its optimizer allocates on 'cuda': this is the same arithmetic written out, tested
+equal to megatron's on a GPU (tests/gpu/test_training_gpu.py) and to EP=1 in fp64 at EP 2, 4 and TP 2 x EP 2
 (tests/cluster/test_training.py)."""
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch.distributed as tdist
 
 from .. import metrics
 from ..config import MoEConfig
+from ..layout import Layout
 from . import compat, layer as layer_mod
 from .dist import STATE
 
@@ -57,12 +62,13 @@ class _Param:
     expert: bool
 
 
-def build_stack(cfg: MoEConfig, layers: int, *, ep: int, precision: str = "bf16") -> list:
-    """`layers` fresh (uncached: training changes them) MoE layers at expert-parallel size `ep` (the rest of the world
-    data parallel), layer i seeded from seed + i: expert g's weights depend on (seed, i, g) only, never on EP."""
+def build_stack(cfg: MoEConfig, layers: int, *, layout: Layout, precision: str = "bf16") -> list:
+    """`layers` fresh (uncached: training changes them) MoE layers at `layout` (the rest of the world data parallel),
+    layer i seeded from seed + i: expert g's weights depend on (seed, i, g) only, never on the layout."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision ({precision!r}) must be one of {', '.join(PRECISIONS)}")
-    cfg = cfg.replace(ep=ep, dtype="fp32" if precision == "fp64" else cfg.dtype)
+    cfg = cfg.replace(tp=layout.tp, ep=layout.ep, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
+                      sequence_parallel=layout.sequence_parallel, dtype="fp32" if precision == "fp64" else cfg.dtype)
     layer_mod._parallel_state(cfg)  # the one build path: parallel_state for the layout, then build + seed each layer
     return [layer_mod._build(cfg.replace(seed=cfg.seed + i))[0].to(PRECISIONS[precision]) for i in range(layers)]
 
@@ -87,31 +93,48 @@ def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
     return out
 
 
-EXPERT_SCALES = ("dp", "expert_dp")
-"""What expert gradients are divided by before their sum: 'dp' (megatron: world / tp) or 'expert_dp' (the size of
-the group they are summed over — a plausible mistake, equal to 'dp' at EP=1 only: the tests' wrong-scale control)."""
+MISTAKES = ("none", "expert_dp", "no_sp_reduce")
+"""Deliberate errors for the tests' controls: 'expert_dp' divides expert gradients by the size of the group they are
+summed over instead of DP (equal at EP = ETP = 1 only); 'no_sp_reduce' skips the router's all-reduce over TP that
+sequence parallelism needs (a no-op at TP = 1)."""
 
 
 class Trainer:
     """The DP step of one stack on this rank (see the module docstring)."""
 
-    def __init__(self, stack, *, optim: Optim, grad_reduce_fp32: bool = False, expert_scale: str = "dp"):
+    def __init__(self, stack, *, optim: Optim, grad_reduce_fp32: bool = False, mistake: str = "none"):
         from megatron.core import parallel_state as ps
 
-        self.stack, self.layers, self.optim = stack, stack, optim
+        if mistake not in MISTAKES:
+            raise ValueError(f"mistake ({mistake!r}) must be one of {', '.join(MISTAKES)}")
+        self.stack, self.layers, self.optim, self.mistake = stack, stack, optim, mistake
         self.dense_group = ps.get_data_parallel_group()
         self.expert_group = ps.get_expert_data_parallel_group()
-        self.ep_group = ps.get_expert_model_parallel_group()
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.etp_group = ps.get_expert_tensor_parallel_group()
+        self.expert_mp_group = ps.get_expert_tensor_and_model_parallel_group()  # ETP x EP: who holds distinct shards
         self.dp = tdist.get_world_size(self.dense_group)
+        self.tp = tdist.get_world_size(self.tp_group)
+        self.etp = tdist.get_world_size(self.etp_group)
+        self.sequence_parallel = bool(stack[0].config.sequence_parallel)
+        if self.tp > 1 and not self.sequence_parallel:
+            raise ValueError(f"training at tp {self.tp} needs sequence parallelism (megatron requires it for MoE with "
+                             "TP): add 'sp' to the layout, e.g. tp2,ep2,sp")
+        self.share, self.shares = ps.get_data_parallel_rank() * self.tp + ps.get_tensor_model_parallel_rank(), \
+            self.dp * self.tp
+        """This rank's share of the global batch: index d*TP + r of DP x TP contiguous shares."""
+        self.gated = bool(stack[0].config.gated_linear_unit)
         self.grad_reduce_fp32 = grad_reduce_fp32
-        if expert_scale not in EXPERT_SCALES:
-            raise ValueError(f"expert_scale ({expert_scale!r}) must be one of {', '.join(EXPERT_SCALES)}")
-        self.expert_div = self.dp if expert_scale == "dp" else tdist.get_world_size(self.expert_group)
+        self.expert_div = self.dp if mistake != "expert_dp" else tdist.get_world_size(self.expert_group)
         main_dtype = torch.float64 if stack[0].router.weight.dtype == torch.float64 else torch.float32
         self.params = [_Param(n, p, p.detach().clone().to(main_dtype), e) for n, p, e in named_params(stack)]
         self._projections: dict[str, torch.Tensor] = {}
         self.opt = torch.optim.AdamW([q.main for q in self.params], lr=optim.lr, weight_decay=optim.weight_decay,
                                      betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps)
+
+    def my_share(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's share of a global per-token tensor (tokens along dim 0)."""
+        return shard(t, self.share, self.shares)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The stack with residual connections: h <- h + moe_i(h) (StackModule's forward)."""
@@ -119,14 +142,15 @@ class Trainer:
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         """One optimizer step on this rank's share (x, y) of the global batch; returns this rank's local loss (the
-        mean squared error over its tokens, fp32 or fp64) and the global gradient norm before clipping."""
+        mean squared error over its tokens, fp32 or fp64) and the global gradient norm before clipping; with TP the
+        backward starts from loss / TP (the TP ranks' losses sum to the DP share's mean)."""
         for q in self.params:
             q.model.grad = None
         with torch.enable_grad():
             h = self.forward(x)
             diff = h.to(y.dtype) - y
             loss = (diff * diff).mean()
-            loss.backward()
+            (loss / self.tp if self.tp > 1 else loss).backward()
         self.reduce_grads()
         norm = self.grad_norm()
         if self.optim.clip_grad > 0:  # megatron's clip_grad_by_total_norm_fp32
@@ -141,7 +165,9 @@ class Trainer:
         return {"loss": float(loss.detach()), "grad_norm": float(norm)}
 
     def reduce_grads(self) -> None:
-        """megatron DDP: grads x 1/DP, summed over each group in one flat buffer (a bucket), into the main grads."""
+        """megatron DDP: grads x 1/DP, summed over each group in one flat buffer (a bucket), into the main grads; the
+        dense (router) buffer then summed over TP (finalize_model_grads' sequence-parallel all-reduce, in the buffer's
+        dtype, after the DP reduce)."""
         for expert, group in ((False, self.dense_group), (True, self.expert_group)):
             ps_ = [q for q in self.params if q.expert == expert]
             if not ps_:
@@ -153,6 +179,8 @@ class Trainer:
             flat.mul_(1.0 / (self.expert_div if expert else self.dp))
             if tdist.get_world_size(group) > 1:
                 tdist.all_reduce(flat, group=group)
+            if not expert and self.tp > 1 and self.sequence_parallel and self.mistake != "no_sp_reduce":
+                tdist.all_reduce(flat, group=self.tp_group)
             off = 0
             for q in ps_:
                 n = q.main.numel()
@@ -160,34 +188,63 @@ class Trainer:
                 off += n
 
     def grad_norm(self) -> float:
-        """megatron's global norm of the main grads: sqrt(dense² + expert²), expert² summed over the EP group."""
+        """megatron's global norm of the main grads: sqrt(dense² + expert²), the router (replicated over TP) counted
+        once, expert² summed over the ETP x EP group (each of its ranks holds distinct expert shards)."""
         sq = {e: torch.zeros((), dtype=torch.float64 if self.params[0].main.dtype == torch.float64 else torch.float32,
                              device=self.params[0].main.device) for e in (False, True)}
         for q in self.params:
             sq[q.expert] = sq[q.expert] + torch.norm(q.main.grad, 2) ** 2
-        if tdist.get_world_size(self.ep_group) > 1:
-            tdist.all_reduce(sq[True], group=self.ep_group)
+        if tdist.get_world_size(self.expert_mp_group) > 1:
+            tdist.all_reduce(sq[True], group=self.expert_mp_group)
         return math.sqrt(float(sq[False]) + float(sq[True]))
 
+    def _full_experts(self) -> dict[str, torch.Tensor]:
+        """Every expert main weight of this rank whole: its ETP shards gathered (one flat all-gather) and put back
+        together — fc1 ([ffn, hidden], column-parallel; a GLU's [gate; up] halves each sharded on its own), fc2
+        ([hidden, ffn], row-parallel): the inverse of layer.init_weights' `_shard`."""
+        mine = [q for q in self.params if q.expert]
+        if self.etp == 1 or not mine:
+            return {q.name: q.main.detach() for q in mine}
+        flat = torch.cat([q.main.detach().reshape(-1) for q in mine])
+        parts = [torch.empty_like(flat) for _ in range(self.etp)]
+        tdist.all_gather(parts, flat, group=self.etp_group)
+        out, off = {}, 0
+        for q in mine:
+            n = q.main.numel()
+            shards = [p[off:off + n].view_as(q.main) for p in parts]
+            off += n
+            if q.name.endswith("linear_fc1"):
+                if self.gated:
+                    halves = [s.chunk(2, dim=0) for s in shards]
+                    out[q.name] = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+                else:
+                    out[q.name] = torch.cat(shards, dim=0)
+            else:
+                out[q.name] = torch.cat(shards, dim=1)
+        return out
+
     def weights(self, seed: int) -> dict:
-        """This rank's share of the weight state: per owned tensor (each global tensor on exactly one rank: dense on
-        data-parallel rank 0, experts on expert-data-parallel rank 0) its fingerprint, squared norm and SKETCH
-        random projections of the main weights (fp64, seeded by (seed, name): equal on every layout)."""
+        """This rank's share of the weight state: per owned global tensor (each on exactly one rank: the router on
+        data- and tensor-parallel rank 0, an expert's on expert-data-parallel and expert-tensor-parallel rank 0, its
+        ETP shards gathered whole) its fingerprint, squared norm and SKETCH random projections of the main weights
+        (fp64, seeded by (seed, name): equal on every layout). Every rank must call it (the ETP gather)."""
         from megatron.core import parallel_state as ps
 
-        own_dense = ps.get_data_parallel_rank() == 0
-        own_expert = ps.get_expert_data_parallel_rank() == 0
+        own_dense = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+        own_expert = ps.get_expert_data_parallel_rank() == 0 and ps.get_expert_tensor_parallel_rank() == 0
+        experts = self._full_experts()
         out = {}
         for q in self.params:
             if not (own_expert if q.expert else own_dense):
                 continue
-            w = q.main.detach().reshape(-1).to(torch.float64)
+            full = experts[q.name] if q.expert else q.main.detach()
+            w = full.reshape(-1).to(torch.float64)
             r = self._projections.get(q.name)
             if r is None:  # drawn once per run (kept in fp32 on GPUs: half the memory), the same at every layout
                 g = layer_mod._generator(w.device, seed, "sketch", q.name)
                 r = torch.randn((SKETCH, w.numel()), generator=g, device=w.device, dtype=torch.float32)
                 self._projections[q.name] = r = r if w.is_cuda else r.double()
-            out[q.name] = (metrics.fingerprint(q.main), float(w @ w), (r.double() @ w).tolist())
+            out[q.name] = (metrics.fingerprint(full), float(w @ w), (r.double() @ w).tolist())
         return out
 
 
@@ -241,9 +298,10 @@ def batch(cfg: MoEConfig, step: int, tokens: int, dtype: torch.dtype, device) ->
 
 
 def shard(t: torch.Tensor, rank: int, n: int) -> torch.Tensor:
-    """This data-parallel rank's contiguous share of the global batch (tokens along dim 0)."""
+    """Share `rank` of `n` contiguous shares of the global batch (tokens along dim 0)."""
     if t.shape[0] % n:
-        raise ValueError(f"tokens per step ({t.shape[0]}) must be divisible by the data-parallel size ({n})")
+        raise ValueError(f"tokens per step ({t.shape[0]}) must be divisible by the number of shares ({n}: "
+                         "data-parallel x tensor-parallel size)")
     per = t.shape[0] // n
     return t[rank * per:(rank + 1) * per]
 
@@ -269,24 +327,21 @@ def versus_megatron(payload: dict) -> dict:
     DistributedDataParallel + get_megatron_optimizer and through `Trainer`; per step both losses and gradient norms,
     and after the last step every weight compared (metrics.compare). payload: moe (a MoEConfig dict), layers, steps,
     tokens, lr, grad_reduce_fp32, and lr_factor (the control: the lab's run with another learning rate)."""
-    from megatron.core import parallel_state as ps
-
     cfg = MoEConfig(**payload["moe"])
-    ep = cfg.resolved_ep(tdist.get_world_size())
+    lay = cfg.layout(tdist.get_world_size())
     opt = Optim(lr=payload["lr"])
-    ours = Trainer(build_stack(cfg, payload["layers"], ep=ep),
+    ours = Trainer(build_stack(cfg, payload["layers"], layout=lay),
                    optim=Optim(lr=payload["lr"] * payload.get("lr_factor", 1.0)),
                    grad_reduce_fp32=payload.get("grad_reduce_fp32", False))
-    mstack = build_stack(cfg, payload["layers"], ep=ep)
+    mstack = build_stack(cfg, payload["layers"], layout=lay)
     module = StackModule(mstack)
     model, optimizer = compat.megatron_ddp_and_optimizer(
         module, mstack[0].config, lr=opt.lr, weight_decay=opt.weight_decay, betas=(opt.adam_beta1, opt.adam_beta2),
         eps=opt.adam_eps, clip_grad=opt.clip_grad, grad_reduce_in_fp32=payload.get("grad_reduce_fp32", False))
-    dp_rank, dp = ps.get_data_parallel_rank(), ours.dp
     out = {"lab": [], "megatron": []}
     for t in range(payload["steps"]):
         x, y = batch(cfg, t, payload["tokens"], torch.bfloat16, STATE["torch_device"])
-        xs, ys = shard(x, dp_rank, dp), shard(y, dp_rank, dp)
+        xs, ys = ours.my_share(x), ours.my_share(y)
         out["lab"].append(ours.step(xs, ys))
 
         def loss_fn(m, xs=xs, ys=ys):
@@ -304,4 +359,4 @@ def versus_megatron(payload: dict) -> dict:
 
 
 __all__ = ["Optim", "Trainer", "build_stack", "named_params", "combine_weights", "routing", "batch", "shard",
-           "SKETCH", "PRECISIONS", "EXPERT_SCALES", "topk_and_margin", "StackModule", "versus_megatron"]
+           "SKETCH", "PRECISIONS", "MISTAKES", "topk_and_margin", "StackModule", "versus_megatron"]

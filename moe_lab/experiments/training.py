@@ -1,6 +1,7 @@
 """Notebook 06 — does it matter for training? The same stack of MoE layers, the same global initial weights and the
-same global batch per step, trained for K steps at EP = 1, 2, 4 (the rest of the world data parallel), each layout
-run twice, with and without deterministic mode; and the remedies, each at every layout.
+same global batch per step, trained for K steps at EP = 1, 2, 4 (the rest of the world data parallel) and at the
+profile's TP x EP / ETP layouts (sequence parallel), each layout run twice, with and without deterministic mode; and
+the remedies, each at every layout.
 
 Every run is one case (its layout on the case, stamped on its record); the engine runs K steps of
 `engine.train.Trainer` (megatron's DP gradient arithmetic and optimizer semantics: bf16 params, fp32 main weights,
@@ -50,11 +51,16 @@ def params_of(params: dict) -> TrainParams:
     return TrainParams.from_dict(params.get("training"))
 
 
-def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") -> list[Case]:
+def layouts_of(tp: TrainParams) -> list[Layout]:
+    """The layouts compared, the reference first: EP = each of `eps` (TP 1), then each of `layouts`."""
+    return [Layout(ep=e) for e in tp.eps] + [Layout.parse(s) for s in tp.layouts]
+
+
+def cases(params: dict, *, precision: str = "bf16", mistake: str = "none") -> list[Case]:
     """Plain: the first stack x deterministic x layout x `reruns` runs, the other stacks in the last-listed mode x
     layout x `deep_reruns` runs; each other setting: the first stack, the last-listed mode, every layout, one run.
-    `precision` ('fp64': the arithmetic test) and `expert_scale` ('expert_dp': the wrong-scale control,
-    engine.train.EXPERT_SCALES) are for the tests; both are in every record and its key."""
+    `precision` ('fp64': the arithmetic test) and `mistake` (the tests' controls, engine.train.MISTAKES) are for the
+    tests; both are in every record and its key."""
     from .. import profiles
 
     tp = params_of(params)
@@ -67,8 +73,15 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
     base = profiles.base_moe(params, dispatcher=tp.dispatcher, **over)
     world = profiles.cluster_config(params).engines
     release = profiles.release(params)
+    lays = layouts_of(tp)
+    for lay in lays:
+        lay.check(world, base.num_experts)
+        lay.check_layer(base)  # (TP > 1 without sequence parallelism: TrainParams refuses it)
+    if tp.tokens % world:
+        raise ValueError(f"training.tokens ({tp.tokens}) must be divisible by the world ({world} ranks: each rank "
+                         "feeds one share, data-parallel x tensor-parallel)")
     common = {"steps": tp.steps, "tokens": tp.tokens, "lr": tp.lr, "precision": precision,
-              "expert_scale": expert_scale, "reference_ep": tp.eps[0]}
+              "mistake": mistake, "reference_layout": lays[0].spec()}
     out = []
     for name in tp.settings:
         changes, remedy = SETTINGS[name]
@@ -77,22 +90,17 @@ def cases(params: dict, *, precision: str = "bf16", expert_scale: str = "dp") ->
         for si, layers in enumerate(stacks):
             runs = range(1) if name != REFERENCE else range(tp.reruns if si == 0 else tp.deep_reruns)
             for det in (dets if si == 0 else dets[-1:]):
-                for ep in (tp.eps[:1] if name == REPLAY else tp.eps):  # replay's other layouts: replay_cases
-                    lay = Layout(ep=ep)
-                    lay.check(world, base.num_experts)
-                    if tp.tokens % lay.dp(world):
-                        raise ValueError(f"training.tokens ({tp.tokens}) must be divisible by the data-parallel size "
-                                         f"({lay.dp(world)} at ep {ep} on {world} ranks)")
+                for lay in (lays[:1] if name == REPLAY else lays):  # replay's other layouts: replay_cases
                     for run in runs:
                         # timed: each remedy against the plain step (same mode), and deterministic mode alone (the
                         # first stack's plain det run) against the plain step without it; at the largest EP, run 0
                         det_alone = name == REFERENCE and si == 0 and det and len(dets) > 1
-                        timed = ((name != REFERENCE or det_alone) and ep == max(tp.eps) and run == 0
+                        timed = ((name != REFERENCE or det_alone) and lay.spec() == f"ep{max(tp.eps)}" and run == 0
                                  and tp.cost_rounds > 0)
                         out.append(Case(
                             experiment=NAME, kind="train", moe=base.replace(deterministic=det, **changes),
                             release=release, layout=lay, deterministic_env=det,
-                            label=f"{name}, {layers} layer(s), ep {ep}, {'det' if det else 'nondet'}, run {run}",
+                            label=f"{name}, {layers} layer(s), {lay.spec()}, {'det' if det else 'nondet'}, run {run}",
                             knobs={**common, "setting": name, "remedy": remedy, "layers": layers, "run": run,
                                    "rounds": tp.cost_rounds if timed else 0,
                                    "baseline_deterministic": det and not det_alone}))
@@ -109,20 +117,26 @@ def replay_cases(params: dict, records: list[dict]) -> list[Case]:
     tp = params_of(params)
     if REPLAY not in tp.settings:
         return []
+    lays = layouts_of(tp)
+    base = [c for c in cases(params) if c.knobs["setting"] == REPLAY][0]
     ref = next((r for r in records if r.get("kind") == "train" and r.get("setting") == REPLAY
-                and r.get("available") and r.get("ep") == tp.eps[0]), None)
+                and r.get("available") and r.get("case_key") and _same_layout(r, lays[0])), None)
     if ref is None:
         return []
-    base = [c for c in cases(params) if c.knobs["setting"] == REPLAY][0]
     out = []
-    for ep in tp.eps[1:]:
-        lay = Layout(ep=ep)
+    for lay in lays[1:]:
         out.append(Case(experiment=NAME, kind="train", moe=base.moe, release=base.release, layout=lay,
                         deterministic_env=base.deterministic_env,
-                        label=base.label.replace(f"ep {tp.eps[0]},", f"ep {ep},"),
+                        label=base.label.replace(f", {lays[0].spec()},", f", {lay.spec()},"),
                         knobs={**base.knobs, "replay": [[s["topk"] for s in per] for per in ref["routing"]],
                                "replay_of": ref["case_key"]}))
     return out
+
+
+def _same_layout(rec: dict, lay: Layout) -> bool:
+    """Is `rec` (a record, stamped with its layout's fields) a run at `lay`?"""
+    return ((rec.get("tp"), rec.get("ep"), rec.get("etp"), bool(rec.get("sequence_parallel")))
+            == (lay.tp, lay.ep, lay.expert_tp, lay.sequence_parallel))
 
 
 # ---------------------------------------------------------------------------------------------- engine side
@@ -165,20 +179,17 @@ def engine_train(payload: dict) -> dict:
     """K steps of the case's stack at its layout; every rank's per-step results gathered to rank 0 once, at the end."""
     import torch
     import torch.distributed as tdist
-    from megatron.core import parallel_state as ps
-
     from ..config import MoEConfig
     from ..engine import compat, toolkit, train
     from ..engine.dist import STATE
 
-    kn, lay = payload["knobs"], payload["layout"]
+    kn, lay = payload["knobs"], Layout(**payload["layout"])
     cfg = MoEConfig(**payload["moe"])
     remedy = kn["remedy"]
     fp32_reduce = "fp32_grad_reduce" in remedy.split("+")
-    stack = train.build_stack(cfg, kn["layers"], ep=lay["ep"], precision=kn["precision"])
+    stack = train.build_stack(cfg, kn["layers"], layout=lay, precision=kn["precision"])
     tr = train.Trainer(stack, optim=train.Optim(lr=kn["lr"]), grad_reduce_fp32=fp32_reduce,
-                       expert_scale=kn.get("expert_scale", "dp"))
-    dp_rank, dp = ps.get_data_parallel_rank(), tr.dp
+                       mistake=kn.get("mistake", "none"))
     dtype = train.PRECISIONS[kn["precision"]]
     dev = STATE["torch_device"]
     sink: list[list] = [[] for _ in stack]
@@ -191,22 +202,22 @@ def engine_train(payload: dict) -> dict:
         targets = st.enter_context(compat.replay_targets(stack)) if replay else None
         for t in range(kn["steps"]):
             x, y = train.batch(cfg, t, kn["tokens"], dtype, dev)
-            if targets is not None:  # this DP rank's tokens of step t: the reference run's top-k experts
+            if targets is not None:  # this rank's tokens of step t: the reference run's top-k experts
                 k = stack[0].config.moe_router_topk
-                targets([train.shard(_unpack(per[t], k), dp_rank, dp).to(dev) for per in replay])
-            steps.append(tr.step(train.shard(x, dp_rank, dp), train.shard(y, dp_rank, dp)))
+                targets([tr.my_share(_unpack(per[t], k)).to(dev) for per in replay])
+            steps.append(tr.step(tr.my_share(x), tr.my_share(y)))
             weights.append(tr.weights(cfg.seed))
-    mine = {"dp_rank": dp_rank, "steps": steps, "weights": weights,
+    mine = {"share": tr.share, "steps": steps, "weights": weights,
             "routing": [[(idx, m) for idx, m in per_layer] for per_layer in sink]}
     every: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(every, mine)
-    res: dict = {"rank": tdist.get_rank(), "available": True, "dp": dp,
+    res: dict = {"rank": tdist.get_rank(), "available": True, "dp": tr.dp,
                  "expert_dp": tdist.get_world_size(tr.expert_group)}
     if tdist.get_rank() == 0:
         res.update(_assemble(every, kn, stack[0].config.moe_router_topk))
     rounds = kn.get("rounds", 0)
     if rounds:
-        res["times"], res["env"] = _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dtype, dev)
+        res["times"], res["env"] = _time(cfg, kn, lay, tr, stack, remedy, rounds, dtype, dev)
     return res
 
 
@@ -215,14 +226,14 @@ def _assemble(every: list[dict], kn: dict, k: int) -> dict:
 
     from ..engine import train
 
-    by_dp = sorted(every, key=lambda e: e["dp_rank"])
-    first = [e for i, e in enumerate(by_dp) if i == 0 or e["dp_rank"] != by_dp[i - 1]["dp_rank"]]  # one per DP rank
+    first = sorted(every, key=lambda e: e["share"])  # one per share of the global batch (DP x TP of them)
     n = len(first)
     K = kn["steps"]
     loss, loss_hex = [], []
     for t in range(K):
         v = 0.0
-        for e in first:  # the mean of the DP ranks' local means (equal shares), summed in DP-rank order, in fp64
+        for e in first:  # the mean of the shares' local means (equal shares), summed in share order, in fp64: the
+            # same sum at every layout of the same world
             v += e["steps"][t]["loss"]
         v /= n
         loss.append(v)
@@ -239,10 +250,10 @@ def _assemble(every: list[dict], kn: dict, k: int) -> dict:
     return {"loss": loss, "loss_hex": loss_hex, "grad_norm": [s["grad_norm"] for s in every[0]["steps"]],
             "weights_fp": [x["fingerprint"] for x in w], "weights_norm": [x["norm"] for x in w],
             "weights_sketch": [x["sketch"] for x in w], "weights_tensors": w[0]["tensors"], "routing": routing,
-            "topk": k, "dp_ranks": n}
+            "topk": k, "shares": n}
 
 
-def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dtype, dev):
+def _time(cfg, kn, lay, tr, stack, remedy, rounds, dtype, dev):
     """Paired rounds (rotating order): one step of the case's setting in its mode, one of the plain setting (same
     layout; deterministic as `baseline_deterministic` says) and that plain step again (the A/A noise floor)."""
     import torch
@@ -251,10 +262,10 @@ def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dty
     from ..engine import toolkit, train
 
     plain_cfg = cfg.replace(router_dtype="none", options=())
-    plain = train.Trainer(train.build_stack(plain_cfg, kn["layers"], ep=lay["ep"], precision=kn["precision"]),
+    plain = train.Trainer(train.build_stack(plain_cfg, kn["layers"], layout=lay, precision=kn["precision"]),
                           optim=train.Optim(lr=kn["lr"]))
     x, y = train.batch(cfg, kn["steps"], kn["tokens"], dtype, dev)
-    xs, ys = train.shard(x, dp_rank, dp), train.shard(y, dp_rank, dp)
+    xs, ys = tr.my_share(x), tr.my_share(y)
 
     base_det = kn.get("baseline_deterministic", cfg.deterministic)
 
@@ -277,7 +288,7 @@ def _time(cfg, kn, lay, tr, stack, remedy, fp32_reduce, rounds, dp_rank, dp, dty
 # ---------------------------------------------------------------------------------------------- records, verdict
 
 _PER_CASE = ("loss", "loss_hex", "grad_norm", "weights_fp", "weights_norm", "weights_sketch", "weights_tensors",
-             "routing", "topk", "dp_ranks")
+             "routing", "topk", "shares")
 
 
 def records(case: Case, per_rank: list[dict]) -> list[dict]:
@@ -302,9 +313,9 @@ def verdict(records: list[dict]) -> str:
     r0 = tr[0] if tr else None
     title = (f"megatron-core {r0['megatron_core']}, {r0['world']} rank(s) on {r0.get('gpu') or r0['device']}; "
              f"{r0.get('steps')} steps of {r0.get('tokens')} tokens, MSE loss, AdamW (bf16 params, fp32 main "
-             f"weights), EP {sorted({r['ep'] for r in tr})}:" if r0 else "")
+             f"weights), layouts {', '.join(dict.fromkeys(found.layout_of(r) for r in tr))}:" if r0 else "")
     return render.verdict(found.findings(records), title=title)
 
 
 __all__ = ["cases", "replay_cases", "REPLAY", "on_engine", "records", "verdict", "not_applicable", "SETTINGS",
-           "REFERENCE", "params_of"]
+           "REFERENCE", "params_of", "layouts_of"]

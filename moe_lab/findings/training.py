@@ -2,8 +2,8 @@
 layout, relative loss difference and weight divergence at step K), whether that exceeds the run-to-run effect, and
 which setting keeps the trajectories bitwise equal across layouts for K steps, at what cost per step.
 
-Every number comes from two records (a run and its reference: the first EP listed, run 0, same stack, setting and
-mode): loss bits (`loss_hex`), weight fingerprints, the weights' random-projection sketches (||Δw|| / ||w|| estimated
+Every number comes from two records (a run and its reference: the first layout listed, run 0, same stack, setting
+and mode; a layout is named by its spec, e.g. 'ep4', 'tp2,ep2,sp'): loss bits (`loss_hex`), weight fingerprints, the weights' random-projection sketches (||Δw|| / ||w|| estimated
 from SKETCH projections), and the packed top-k experts and boundary margins of every token (routing flips: top-k
 slots that changed, over tokens x k). Pure Python: no torch."""
 
@@ -15,6 +15,7 @@ import math
 import statistics
 import zlib
 
+from ..layout import Layout
 from .common import choice_text, choose, cost, groups, guarded
 from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Count, Evidence, Finding, case_keys, commits_of
 from .model import subject_of as _subject_of
@@ -100,13 +101,25 @@ def _axis(r: dict) -> tuple:
     return (r["layers"], r["setting"], bool(r["deterministic"]))
 
 
+def layout_of(r: dict) -> str:
+    """A run's layout as its spec ('ep4', 'tp2,ep2,sp'), from the layout fields stamped on its record."""
+    return Layout(tp=r.get("tp", 1), ep=r["ep"], etp=r.get("etp", 0),
+                  sequence_parallel=bool(r.get("sequence_parallel", False))).spec()
+
+
+def _order(r: dict) -> tuple:
+    """Layouts in a sentence: TP 1 by EP, then the TP x EP layouts."""
+    return (r.get("tp", 1), r["ep"], r.get("etp", 0), bool(r.get("sequence_parallel")), r["run"])
+
+
 def reference_of(r: dict, recs: list[dict]) -> dict | None:
-    """The run `r` is compared with: the first EP of its group's layouts, run 0, same stack, setting and mode."""
+    """The run `r` is compared with: its group's reference layout (the record's `reference_layout`, else EP 1's
+    or the smallest EP's at TP 1), run 0, same stack, setting and mode."""
     same = [x for x in recs if x.get("available") and _axis(x) == _axis(r)]
     if not same:
         return None
-    ep0 = r.get("reference_ep") or min(x["ep"] for x in same)
-    return next((x for x in same if x["ep"] == ep0 and x["run"] == 0), None)
+    ref = r.get("reference_layout") or layout_of(min(same, key=_order))
+    return next((x for x in same if layout_of(x) == ref and x["run"] == 0), None)
 
 
 def frame(records: list[dict]) -> list[dict]:
@@ -119,8 +132,8 @@ def frame(records: list[dict]) -> list[dict]:
         if ref is None or ref is r:
             continue
         who = {"setting": r["setting"], "layers": r["layers"], "deterministic": bool(r["deterministic"]),
-               "ep": r["ep"], "run": r["run"], "reference_ep": ref["ep"],
-               "what": f"ep {r['ep']} run {r['run']}"}
+               "ep": r["ep"], "layout": layout_of(r), "run": r["run"], "reference": layout_of(ref),
+               "what": f"{layout_of(r)} run {r['run']}"}
         wd = weight_divergence(r, ref)
         for t, (rl, w) in enumerate(zip(rel_loss(r, ref), wd[1:]), start=1):
             rows.append({**who, "step": t, "rel_loss": rl, "weight_div": w, "layer": None})
@@ -133,13 +146,13 @@ def frame(records: list[dict]) -> list[dict]:
 
 
 def _part(r: dict, ref: dict) -> str:
-    """'ep 4 run 0: first differs after step 2 of 50; at step 50 |Δloss|/loss 3.1e-04, ||Δw||/||w|| 2.2e-03,
+    """'ep4 run 0: first differs after step 2 of 50; at step 50 |Δloss|/loss 3.1e-04, ||Δw||/||w|| 2.2e-03,
     routing flips 5 of 128 top-k slots (layer 1)'."""
     K = len(r["loss"])
     t = first_difference(r, ref)
-    who = f"ep {r['ep']} run {r['run']}"
+    who = f"{layout_of(r)} run {r['run']}"
     if t is None:
-        return f"{who}: bitwise equal to ep {ref['ep']} run 0 for all {K} steps (loss bits and weights)"
+        return f"{who}: bitwise equal to {layout_of(ref)} run 0 for all {K} steps (loss bits and weights)"
     rl, wd = rel_loss(r, ref)[-1], weight_divergence(r, ref)[-1]
     fl = flips(r, ref)
     last = ", ".join(f"layer {i + 1}: {per[-1]['n']} of {per[-1]['of']}" for i, per in enumerate(fl))
@@ -165,7 +178,7 @@ def _layouts(sub: list[dict]) -> list[Finding]:
             out.append(Finding(EXPERIMENT, QUESTION, subj, NOT_MEASURED, f"{head}: {why} — nothing compared",
                                Evidence(records=case_keys(rs)), card=setting == "plain", commits=commits_of(rs)))
             continue
-        parts = [_part(r, ref) for r in sorted(others, key=lambda r: r["ep"])]
+        parts = [_part(r, ref) for r in sorted(others, key=_order)]
         equal = all(first_difference(r, ref) is None for r in others)
         fl = [f for r in others for per in flips(r, ref) for f in per]
         counts = [Count(sum(f["n"] for f in fl), sum(f["of"] for f in fl), "top-k slots flipped over every step, "
@@ -174,7 +187,7 @@ def _layouts(sub: list[dict]) -> list[Finding]:
         notes = ([f"flipped tokens' top-k margin: median {statistics.median(margins):.3g}, max {max(margins):.3g} "
                   "(router logits)"] if margins else [])
         out.append(Finding(EXPERIMENT, QUESTION, subj, PASS if equal else FAIL,
-                           f"{head}, against ep {ref['ep']}: " + "; ".join(parts),
+                           f"{head}, against {layout_of(ref)}: " + "; ".join(parts),
                            Evidence(records=case_keys([ref] + others), counts=counts, notes=notes),
                            card=setting == "plain", commits=commits_of(rs)))
     return out
@@ -193,7 +206,8 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
         subj = {**subject_of(rs[0]), "setting": "plain", "stack": f"{layers} layer(s)", "mode": mode}
         head = f"{layers} layer(s), plain, {mode}"
         layout = [r for r in rs if ref is not None and r is not ref and r["run"] == 0]
-        reruns = [(r, next((x for x in rs if x["ep"] == r["ep"] and x["run"] == 0), None)) for r in rs if r["run"] > 0]
+        reruns = [(r, next((x for x in rs if layout_of(x) == layout_of(r) and x["run"] == 0), None))
+                  for r in rs if r["run"] > 0]
         reruns = [(r, b) for r, b in reruns if b is not None]
         if not layout or not reruns:
             why = "no second layout" if not layout else "no rerun"
@@ -209,7 +223,7 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
         n_run = sum(t is not None for t in run_t)
         first_lay = min((t for t in lay_t if t is not None), default="-")
         first_run = min((t for t in run_t if t is not None), default="-")
-        said = (f"layout: {sum(t is not None for t in lay_t)} of {len(layout)} layout(s) part from ep {ref['ep']} "
+        said = (f"layout: {sum(t is not None for t in lay_t)} of {len(layout)} layout(s) part from {layout_of(ref)} "
                 f"(first after step {first_lay}), ||Δw||/||w|| at step {K} up to {lay_w:.2g}; run-to-run: {n_run} of "
                 f"{len(reruns)} rerun(s) part (first after step {first_run}), up to {run_w:.2g}")
         if all(t is None for t in lay_t):
@@ -274,6 +288,13 @@ def _fix(sub: list[dict]) -> list[Finding]:
                     remedy=ch["name"], card=True, commits=commits_of(avail))]
 
 
+def _spec_or_ep(r: dict) -> str:
+    try:
+        return layout_of(r)
+    except (KeyError, ValueError, TypeError):
+        return f"ep {r.get('ep')}"
+
+
 def findings(records: list[dict]) -> list[Finding]:
     recs = [r for r in records if isinstance(r, dict) and r.get("kind") == "train"]
     out: list[Finding] = []
@@ -283,10 +304,10 @@ def findings(records: list[dict]) -> list[Finding]:
         out += guarded(EXPERIMENT, FIX, sub, lambda sub=sub: _fix(sub))
         for r in (x for x in sub if x.get("available") is False):
             out.append(Finding(EXPERIMENT, "setting", {**subject_of(r), "setting": r.get("setting")}, NA,
-                               f"{r.get('setting')}, ep {r.get('ep')}: not run here ({r.get('reason')})",
+                               f"{r.get('setting')}, {_spec_or_ep(r)}: not run here ({r.get('reason')})",
                                Evidence(records=case_keys([r])), commits=commits_of([r])))
     return out
 
 
 __all__ = ["findings", "frame", "first_difference", "rel_loss", "weight_divergence", "flips", "unpack",
-           "reference_of", "EXPERIMENT"]
+           "reference_of", "layout_of", "EXPERIMENT"]

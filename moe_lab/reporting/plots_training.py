@@ -21,7 +21,7 @@ def _empty(text: str):
 
 
 def _panels(df: pd.DataFrame, y: str, ylabel: str, title: str):
-    """One panel per (stack, setting, mode), a line per run (hue: ep and run), y on a log axis with 0 at FLOOR."""
+    """One panel per (stack, setting, mode), a line per run (hue: layout and run), y on a log axis with 0 at FLOOR."""
     df = df.assign(panel=df["layers"].astype(str) + " layer(s), " + df["setting"] + ", "
                    + df["deterministic"].map({True: "det", False: "nondet"}),
                    y=df[y].clip(lower=FLOOR))
@@ -39,7 +39,7 @@ def _panels(df: pd.DataFrame, y: str, ylabel: str, title: str):
         ax.legend(fontsize=7, title=None)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_axis_off()
-    fig.suptitle(f"{title} (against ep {int(df['reference_ep'].iloc[0])} run 0; bitwise equal drawn at {FLOOR:g})",
+    fig.suptitle(f"{title} (against {df['reference'].iloc[0]} run 0; bitwise equal drawn at {FLOOR:g})",
                  fontsize=10)
     fig.tight_layout()
     return fig

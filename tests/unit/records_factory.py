@@ -91,18 +91,22 @@ def pack(values, code: str) -> str:
 
 
 def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how_far=1e-3, steps=6, tokens=4, k=2,
-            flip_at=None, tag=None, **kw):
-    """A notebook-06 run record: equal to the reference trajectory until step `part_at` (None: never), then its loss
+            flip_at=None, tag=None, tp=1, sp=False, **kw):
+    """A notebook-06 run record at layout (tp, ep, sp) on 4 ranks: equal to the reference trajectory until step `part_at` (None: never), then its loss
     and weights off by `how_far` (relative), its weights named `tag` (default 'ep{ep}': a rerun parting like its run 0
     has the same weights); a routing flip of token 0 from step `flip_at` on (margin 1e-3)."""
     import math
+
+    from moe_lab.layout import Layout
+
+    lay = Layout(tp=tp, ep=ep, sequence_parallel=sp)
 
     base_loss = [1.0 - 0.01 * t for t in range(steps)]
     loss = [x * (1 + how_far) if part_at is not None and t + 1 >= part_at else x for t, x in enumerate(base_loss)]
     fps, sketch = [], []
     for t in range(steps + 1):
         off = part_at is not None and t >= part_at
-        fps.append(f"w{t}" + (f"-{tag or f'ep{ep}'}-{how_far}" if off else ""))
+        fps.append(f"w{t}" + (f"-{tag or lay.spec()}-{how_far}" if off else ""))
         sketch.append([1.0 + (how_far * (j % 3 + 1) if off else 0.0) for j in range(16)])
     routing = []
     for _ in range(layers):
@@ -113,9 +117,9 @@ def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how
                 idx[0] = 7
             per.append({"topk": pack(idx, "B"), "margin": pack([1e-3] * tokens, "f")})
         routing.append(per)
-    return dict(ENV, notebook="06", kind="train", experiment="training", available=True, ep=ep, tp=1,
-                layout={"tp": 1, "ep": ep, "etp": 1, "sequence_parallel": False}, run=run, setting=setting,
-                deterministic=det, layers=layers, reference_ep=1, dispatcher="allgather", dp=4, expert_dp=4 // ep,
-                case_key=f"06/{setting}/{layers}/{det}/{ep}/{run}", loss=loss, loss_hex=[float(x).hex() for x in loss],
+    return dict(ENV, notebook="06", kind="train", experiment="training", available=True, **lay.fields(), run=run,
+                setting=setting, deterministic=det, layers=layers, reference_layout="ep1", dispatcher="allgather",
+                dp=lay.dp(4), expert_dp=lay.expert_dp(4), case_key=f"06/{setting}/{layers}/{det}/{lay.spec()}/{run}",
+                loss=loss, loss_hex=[float(x).hex() for x in loss],
                 grad_norm=[0.1] * steps, weights_fp=fps, weights_norm=[math.sqrt(16.0)] * (steps + 1),
-                weights_sketch=sketch, weights_tensors=17, routing=routing, topk=k, dp_ranks=4, **kw)
+                weights_sketch=sketch, weights_tensors=17, routing=routing, topk=k, shares=4, **kw)

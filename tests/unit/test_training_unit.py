@@ -65,7 +65,7 @@ def test_findings_read_the_usual_story():
             train06(4, part_at=3), train06(4, 1, part_at=3)]
     fs = ft.findings(recs)
     lay = next(f for f in fs if f.question == ft.QUESTION)
-    assert lay.status == FAIL and "ep 2 run 0: first differs after step 2 of 6" in lay.claim
+    assert lay.status == FAIL and "ep2 run 0: first differs after step 2 of 6" in lay.claim
     assert "top-k slots flipped" in lay.evidence.counts[0].what and lay.evidence.counts[0].n == 4  # steps 3..6
     rr = next(f for f in fs if f.question == ft.RUN_TO_RUN)
     # the factory's reruns part exactly like their run 0: each rerun against its own run 0 is equal
