@@ -232,7 +232,7 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
             status, verdict_ = MIXED, ("not told apart: without deterministic mode a rerun may part on its own, so a "
                                        "layout difference can be run-to-run; see the deterministic runs")
         elif n_run == 0:
-            status, verdict_ = FAIL, "the layout effect is EP's own: every rerun is bitwise equal, the layouts part"
+            status, verdict_ = FAIL, "the layout effect is the layout's own: every rerun is bitwise equal, the layouts part"
         elif lay_w > run_w:
             status, verdict_ = FAIL, "the layout effect exceeds the run-to-run effect (reruns part too, less far)"
         else:

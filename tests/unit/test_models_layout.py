@@ -80,6 +80,11 @@ def test_layout_parse_and_groups():
             Layout.parse(bad)
     with pytest.raises(ValueError, match="multiple of etp x ep"):
         lay.check_world(4)
+    for text, spec in (("ep4", "ep4"), ("tp1,ep4", "ep4"), ("tp2,ep2,etp2,sp", "tp2,ep2,sp"),
+                       ("sp,etp1,ep2,tp2", "tp2,ep2,etp1,sp"), ("tp1,ep2,etp2", "ep2,etp2")):
+        got = Layout.parse(text)
+        assert got.spec() == spec and Layout.parse(spec).groups(4) == got.groups(4), text  # round trip
+    assert Layout.parse("tp2,ep2").spec() != Layout.parse("tp2,ep2,sp").spec()  # control: sp is named
 
 
 def test_preflight_refuses_what_the_layer_cannot_take_and_passes_the_rest(capsys):

@@ -58,6 +58,31 @@ def test_train_params_and_layout_are_checked_once_with_the_field_named():
     with pytest.raises(ValueError, match=r"world \(4\) must be a multiple of etp x ep \(1 x 3 = 3\)"):
         Layout(ep=3).check(4, 6)
     assert (Layout(ep=2).dp(4), Layout(ep=2).expert_dp(4)) == (4, 2)
+    assert TrainParams(layouts=["tp2,ep2,sp", "tp2,ep2,etp1,sp"]).layouts == ("tp2,ep2,sp", "tp2,ep2,etp1,sp")
+    for bad, msg in ((["tp2,ep2"], r"tp2,ep2.*without sequence parallelism.*write \"tp2,ep2,sp\""),
+                     (["ep2"], r"'ep2' is listed twice"), (["tp1,ep4"], r"listed twice \(as 'ep4'"),
+                     (["tp2,pp2"], r"training.layouts: layout \('tp2,pp2'\): 'pp2' is not tpN"),
+                     ("tp2,ep2,sp", "must be a list of layouts")):
+        with pytest.raises(ValueError, match=msg):
+            TrainParams(eps=[1, 2, 4], layouts=bad)
+
+
+def test_training_cases_split_the_batch_over_every_rank_and_refuse_what_cannot_split(tmp_path):
+    """Every layout of a 4-rank world feeds 4 shares (DP x TP); tokens that do not split over them, or a layer a
+    layout cannot take, are refused before anything runs, naming the field."""
+    from moe_lab import profiles
+    from moe_lab.experiments import training
+
+    P = profiles.load("cpu", {"training": {"layouts": ["tp2,ep2,sp"], "settings": ["plain"]}})
+    cs = training.cases(P)
+    specs = list(dict.fromkeys(c.layout.spec() for c in cs))
+    assert specs == ["ep1", "ep2", "ep4", "tp2,ep2,sp"]
+    assert {c.knobs["reference_layout"] for c in cs} == {"ep1"}
+    assert any("tp2,ep2,sp" in c.label for c in cs)
+    with pytest.raises(ValueError, match=r"training.tokens \(18\) must be divisible by the world \(4 ranks"):
+        training.cases(profiles.load("cpu", {"training": {"tokens": 18}}))
+    with pytest.raises(ValueError, match=r"hidden \(33\) must be divisible by tp \(2\)"):
+        training.cases(profiles.load("cpu", {"training": {"hidden": 33, "layouts": ["tp2,ep2,sp"]}}))
 
 
 def test_findings_read_the_usual_story():
@@ -69,21 +94,39 @@ def test_findings_read_the_usual_story():
     assert "top-k slots flipped" in lay.evidence.counts[0].what and lay.evidence.counts[0].n == 4  # steps 3..6
     rr = next(f for f in fs if f.question == ft.RUN_TO_RUN)
     # the factory's reruns part exactly like their run 0: each rerun against its own run 0 is equal
-    assert rr.status == FAIL and "EP's own" in rr.claim
+    assert rr.status == FAIL and "the layout's own" in rr.claim
+
+
+def test_a_tp_layout_is_named_by_its_spec_and_compared_with_its_own_rerun():
+    """A TP x EP run is compared with the reference layout and its rerun with its own run 0 (not with EP 2's, which
+    has the same ep): the claim names it 'tp2,ep2,sp'; control: an equal TP run passes where EP 2 fails."""
+    recs = [train06(1), train06(1, 1), train06(2, part_at=2), train06(2, 1, part_at=2),
+            train06(2, tp=2, sp=True), train06(2, 1, tp=2, sp=True)]
+    fs = ft.findings(recs)
+    lay = next(f for f in fs if f.question == ft.QUESTION)
+    assert "tp2,ep2,sp run 0: bitwise equal to ep1 run 0 for all 6 steps" in lay.claim
+    assert "ep2 run 0: first differs after step 2 of 6" in lay.claim and lay.status == FAIL
+    rr = next(f for f in fs if f.question == ft.RUN_TO_RUN)
+    assert "1 of 2 layout(s) part from ep1" in rr.claim and "0 of 3 rerun(s) part" in rr.claim
+    only_tp = ft.findings([train06(1), train06(2, tp=2, sp=True)])
+    assert next(f for f in only_tp if f.question == ft.QUESTION).status == PASS
+    assert {r["what"] for r in ft.frame(recs)} == {"ep1 run 1", "ep2 run 0", "ep2 run 1", "tp2,ep2,sp run 0",
+                                                    "tp2,ep2,sp run 1"}
 
 
 @st.composite
 def stories(draw):
     """Record sets against the usual story: reruns that part further than layouts, one layout, nothing, det off."""
     det = draw(st.booleans())
-    eps = draw(st.sampled_from([[1], [1, 2], [1, 2, 4], [2, 4]]))
+    lays = draw(st.sampled_from([[(1, 1)], [(1, 1), (1, 2)], [(1, 1), (1, 2), (1, 4)], [(1, 2), (1, 4)],
+                                 [(1, 1), (2, 2)], [(1, 1), (1, 2), (2, 2)], [(2, 2)]]))
     out = []
-    for ep in eps:
-        lay_part = None if ep == 1 else draw(st.sampled_from([None, 2, 5]))
-        out.append(train06(ep, det=det, part_at=lay_part, how_far=1e-4))
+    for tp, ep in lays:
+        lay_part = None if (tp, ep) == (1, 1) else draw(st.sampled_from([None, 2, 5]))
+        out.append(train06(ep, det=det, part_at=lay_part, how_far=1e-4, tp=tp, sp=tp > 1))
         if draw(st.booleans()):  # a rerun that may part further and sooner than any layout
             out.append(train06(ep, 1, det=det, part_at=draw(st.sampled_from([None, 1, 3])), how_far=1e-1,
-                               tag=f"ep{ep}-rerun"))
+                               tag=f"tp{tp}ep{ep}-rerun", tp=tp, sp=tp > 1))
     return [r for r in out if draw(st.booleans()) or r["run"] == 0]
 
 
@@ -91,7 +134,7 @@ def stories(draw):
 @given(stories())
 def test_training_findings_never_overclaim(recs):
     fs = ft.findings(recs)
-    layouts = {r["ep"] for r in recs}
+    layouts = {ft.layout_of(r) for r in recs}
     for f in fs:
         if f.question == ft.QUESTION and len(layouts) < 2:
             assert f.status == NOT_MEASURED  # only one layout: nothing compared
@@ -99,7 +142,7 @@ def test_training_findings_never_overclaim(recs):
             det = "not deterministic" not in f.subject["mode"]
             if not det:
                 assert f.status in (MIXED, PASS, NOT_MEASURED)  # told apart only in deterministic mode
-            if "exceeds" in f.claim or "EP's own" in f.claim:
+            if "exceeds" in f.claim or "the layout's own" in f.claim:
                 assert det and f.status == FAIL
             reruns = [r for r in recs if r["run"] == 1]
             if not reruns:
