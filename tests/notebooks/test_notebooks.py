@@ -328,21 +328,23 @@ def test_05_gradients_and_depth(cpu_report):
 
 
 def test_06_training_layouts_reruns_and_the_budget_share(cpu_report, cpu_gemm):
-    """Every layout of the cpu profile trained K=50 steps from the same global weights; in deterministic mode the
-    reruns are bitwise equal (CPU kernels) while the layouts part (the control that the comparison can fail); the
-    notebook's cases stay within 2 min where the CPU's bf16 GEMM is not a slow path (as the profile budget)."""
+    """Every layout of the cpu profile (EP 1, 2, 4; TP 2 x EP 2 at ETP 2 and 1) trained K=50 steps from the same
+    global weights; in deterministic mode the reruns are bitwise equal (CPU kernels) while the layouts part (the
+    control that the comparison can fail); the notebook's cases stay within 2 min where the CPU's bf16 GEMM is not a
+    slow path (as the profile budget)."""
     from moe_lab.findings import training as ft
 
     recs = [r for r in cpu_report["results"] if r["notebook"] == "06"]
     assert recs and all(r["available"] for r in recs), [r.get("reason") for r in recs if not r.get("available")]
-    assert {(r["ep"], r["dp"], r["expert_dp"]) for r in recs} == {(1, 4, 4), (2, 4, 2), (4, 4, 1)}
-    assert all(r["layout"] == f"tp 1 × ep {r['ep']}" and len(r["loss"]) == 50 for r in recs)
+    assert {(ft.layout_of(r), r["dp"], r["expert_dp"]) for r in recs} == {
+        ("ep1", 4, 4), ("ep2", 4, 2), ("ep4", 4, 1), ("tp2,ep2,sp", 2, 1), ("tp2,ep2,etp1,sp", 2, 2)}
+    assert all(r["shares"] == 4 and len(r["loss"]) == 50 for r in recs)
     assert len({r["weights_fp"][0] for r in recs if r["layers"] == 1}) == 1  # the same global initial weights
     det = [r for r in recs if r["setting"] == "plain" and r["deterministic"] and r["layers"] == 1]
-    ref = next(r for r in det if r["ep"] == 1 and r["run"] == 0)
+    ref = next(r for r in det if ft.layout_of(r) == "ep1" and r["run"] == 0)
     for r in det:
         if r["run"] == 1:
-            run0 = next(x for x in det if x["ep"] == r["ep"] and x["run"] == 0)
+            run0 = next(x for x in det if ft.layout_of(x) == ft.layout_of(r) and x["run"] == 0)
             assert ft.first_difference(r, run0) is None
         elif r is not ref:
             assert ft.first_difference(r, ref) is not None  # the control: the layouts part
