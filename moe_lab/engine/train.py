@@ -200,8 +200,7 @@ class Trainer:
 
     def _full_experts(self) -> dict[str, torch.Tensor]:
         """Every expert main weight of this rank whole: its ETP shards gathered (one flat all-gather) and put back
-        together — fc1 ([ffn, hidden], column-parallel; a GLU's [gate; up] halves each sharded on its own), fc2
-        ([hidden, ffn], row-parallel): the inverse of layer.init_weights' `_shard`."""
+        together (`whole`)."""
         mine = [q for q in self.params if q.expert]
         if self.etp == 1 or not mine:
             return {q.name: q.main.detach() for q in mine}
@@ -211,16 +210,8 @@ class Trainer:
         out, off = {}, 0
         for q in mine:
             n = q.main.numel()
-            shards = [p[off:off + n].view_as(q.main) for p in parts]
+            out[q.name] = whole(q.name, [p[off:off + n].view_as(q.main) for p in parts], gated=self.gated)
             off += n
-            if q.name.endswith("linear_fc1"):
-                if self.gated:
-                    halves = [s.chunk(2, dim=0) for s in shards]
-                    out[q.name] = torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-                else:
-                    out[q.name] = torch.cat(shards, dim=0)
-            else:
-                out[q.name] = torch.cat(shards, dim=1)
         return out
 
     def weights(self, seed: int) -> dict:
@@ -246,6 +237,20 @@ class Trainer:
                 self._projections[q.name] = r = r if w.is_cuda else r.double()
             out[q.name] = (metrics.fingerprint(full), float(w @ w), (r.double() @ w).tolist())
         return out
+
+
+def whole(name: str, shards: list[torch.Tensor], *, gated: bool) -> torch.Tensor:
+    """An expert weight put back together from its ETP shards (in ETP-rank order): fc1 ([ffn, hidden],
+    column-parallel: rows; a GLU's [gate; up] halves each sharded on its own, so the gates first, then the ups), fc2
+    ([hidden, ffn], row-parallel: columns) — the inverse of layer.init_weights' `_shard`."""
+    if name.endswith("linear_fc1"):
+        if gated:
+            halves = [s.chunk(2, dim=0) for s in shards]
+            return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+        return torch.cat(shards, dim=0)
+    if name.endswith("linear_fc2"):
+        return torch.cat(shards, dim=1)
+    raise ValueError(f"{name}: not an expert weight (linear_fc1 or linear_fc2)")
 
 
 def combine_weights(shares: list[dict]) -> dict:
@@ -359,4 +364,4 @@ def versus_megatron(payload: dict) -> dict:
 
 
 __all__ = ["Optim", "Trainer", "build_stack", "named_params", "combine_weights", "routing", "batch", "shard",
-           "SKETCH", "PRECISIONS", "MISTAKES", "topk_and_margin", "StackModule", "versus_megatron"]
+           "SKETCH", "PRECISIONS", "MISTAKES", "whole", "topk_and_margin", "StackModule", "versus_megatron"]

@@ -178,3 +178,27 @@ def test_the_layout_is_on_the_case_stamped_on_its_records_and_in_its_key():
     assert len(keys) == 3  # control: the layout changes the key
     with pytest.raises(ValueError, match=r"world \(4\) must be a multiple of etp x ep \(1 x 3 = 3\)"):
         protocol.check_all([Case(experiment="training", moe=MoEConfig(num_experts=12), layout=Layout(ep=3))], cpu)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("etp", [1, 2, 4])
+def test_etp_shards_put_back_together_are_the_seeded_expert(gated, etp):
+    """engine.train.whole inverts layer.init_weights' sharding: the ETP shards of expert 3's seeded fc1 and fc2, put
+    back together in rank order, are the full seeded matrices bit for bit (a GLU's gate and up halves included); the
+    control: shards in another order are not."""
+    from moe_lab.config import MoEConfig
+    from moe_lab.engine import layer
+    from moe_lab.engine.train import whole
+
+    cfg = MoEConfig(hidden=8, ffn_hidden=16, num_experts=4, gated=gated)
+    rows = cfg.ffn_hidden * (2 if gated else 1)
+    for kind, local, full in (("linear_fc1", (rows // etp, cfg.hidden), (rows, cfg.hidden)),
+                              ("linear_fc2", (cfg.hidden, cfg.ffn_hidden // etp), (cfg.hidden, cfg.ffn_hidden))):
+        key = ("expert", 3)
+        shards = [layer._shard(local, cfg, kind, key, tp_rank=r, tp=etp, device="cpu") for r in range(etp)]
+        one = layer._shard(full, cfg, kind, key, tp_rank=0, tp=1, device="cpu")
+        assert torch.equal(whole(f"layer0.expert3.{kind}", shards, gated=gated), one), (kind, gated, etp)
+        if etp > 1:
+            assert not torch.equal(whole(f"layer0.expert3.{kind}", shards[::-1], gated=gated), one)
+    with pytest.raises(ValueError, match="not an expert weight"):
+        whole("layer0.router", [one], gated=gated)
