@@ -62,7 +62,8 @@ class Layout:
         """The layout in `parse`'s form, shortest: 'ep4', 'tp2,ep2,sp', 'tp2,ep4,etp1,sp' (parse(spec) has the same
         sizes)."""
         parts = ([f"tp{self.tp}"] if self.tp != 1 else []) + [f"ep{self.ep}"]
-        parts += ([f"etp{self.expert_tp}"] if self.expert_tp != self.tp else []) + (["sp"] if self.sequence_parallel else [])
+        parts += [f"etp{self.expert_tp}"] if self.expert_tp != self.tp else []
+        parts += ["sp"] if self.sequence_parallel else []
         return ",".join(parts)
 
     def label(self) -> str:

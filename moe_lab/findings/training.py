@@ -1,11 +1,13 @@
-"""Notebook 06's findings: how soon and how far runs at different EP part (first differing step against the reference
-layout, relative loss difference and weight divergence at step K), whether that exceeds the run-to-run effect, and
-which setting keeps the trajectories bitwise equal across layouts for K steps, at what cost per step.
+"""Notebook 06's findings: how soon and how far runs at different layouts part (first differing step against the
+reference layout and whether the forward or the backward parted first, relative loss difference and weight
+divergence at step K), whether that exceeds the run-to-run effect, and which setting keeps the trajectories bitwise
+equal across layouts for K steps, at what cost per step.
 
 Every number comes from two records (a run and its reference: the first layout listed, run 0, same stack, setting
-and mode; a layout is named by its spec, e.g. 'ep4', 'tp2,ep2,sp'): loss bits (`loss_hex`), weight fingerprints, the weights' random-projection sketches (||Δw|| / ||w|| estimated
-from SKETCH projections), and the packed top-k experts and boundary margins of every token (routing flips: top-k
-slots that changed, over tokens x k). Pure Python: no torch."""
+and mode; a layout is named by its spec, e.g. 'ep4', 'tp2,ep2,sp'): loss bits (`loss_hex`), weight fingerprints, the
+weights' random-projection sketches (||Δw|| / ||w|| estimated from SKETCH projections), and the packed top-k experts
+and boundary margins of every token (routing flips: top-k slots that changed, over tokens x k). Pure Python: no
+torch."""
 
 from __future__ import annotations
 
@@ -52,6 +54,17 @@ def first_difference(a: dict, b: dict) -> int | None:
         if a["loss_hex"][t] != b["loss_hex"][t] or a["weights_fp"][t + 1] != b["weights_fp"][t + 1]:
             return t + 1
     return None
+
+
+def where_parted(a: dict, b: dict, t: int) -> str:
+    """What differs first at step t (first_difference's answer): the initial weights (t = 0); the loss of step t,
+    whose forward ran on equal weights — the forward depends on the layout; or only the weights after step t, the
+    loss bits of step t equal — the backward, the gradient reduce or the update."""
+    if t == 0:
+        return "the initial weights"
+    if a["loss_hex"][t - 1] != b["loss_hex"][t - 1]:
+        return f"the forward: step {t}'s loss bits, on equal weights"
+    return f"the backward or the gradient reduce: the weights after step {t}, its loss bits equal"
 
 
 def rel_loss(a: dict, b: dict) -> list[float]:
@@ -157,7 +170,8 @@ def _part(r: dict, ref: dict) -> str:
     fl = flips(r, ref)
     last = ", ".join(f"layer {i + 1}: {per[-1]['n']} of {per[-1]['of']}" for i, per in enumerate(fl))
     tot = sum(f["n"] for per in fl for f in per)
-    return (f"{who}: first differs after step {t} of {K}; at step {K} |Δloss|/loss {rl:.2g}, ||Δw||/||w|| {wd:.2g}, "
+    return (f"{who}: first differs after step {t} of {K} (in {where_parted(r, ref, t)}); at step {K} |Δloss|/loss "
+            f"{rl:.2g}, ||Δw||/||w|| {wd:.2g}, "
             f"routing flips at step {K} ({last} top-k slots), {tot} over all steps")
 
 
@@ -232,7 +246,8 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
             status, verdict_ = MIXED, ("not told apart: without deterministic mode a rerun may part on its own, so a "
                                        "layout difference can be run-to-run; see the deterministic runs")
         elif n_run == 0:
-            status, verdict_ = FAIL, "the layout effect is the layout's own: every rerun is bitwise equal, the layouts part"
+            status, verdict_ = FAIL, ("the layout effect is the layout's own: every rerun is bitwise equal, the layouts "
+                                      "part")
         elif lay_w > run_w:
             status, verdict_ = FAIL, "the layout effect exceeds the run-to-run effect (reruns part too, less far)"
         else:
@@ -310,4 +325,4 @@ def findings(records: list[dict]) -> list[Finding]:
 
 
 __all__ = ["findings", "frame", "first_difference", "rel_loss", "weight_divergence", "flips", "unpack",
-           "reference_of", "layout_of", "EXPERIMENT"]
+           "reference_of", "layout_of", "where_parted", "EXPERIMENT"]

@@ -91,10 +91,11 @@ def pack(values, code: str) -> str:
 
 
 def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how_far=1e-3, steps=6, tokens=4, k=2,
-            flip_at=None, tag=None, tp=1, sp=False, **kw):
-    """A notebook-06 run record at layout (tp, ep, sp) on 4 ranks: equal to the reference trajectory until step `part_at` (None: never), then its loss
-    and weights off by `how_far` (relative), its weights named `tag` (default 'ep{ep}': a rerun parting like its run 0
-    has the same weights); a routing flip of token 0 from step `flip_at` on (margin 1e-3)."""
+            flip_at=None, tag=None, tp=1, sp=False, loss_part_at="same", **kw):
+    """A notebook-06 run record at layout (tp, ep, sp) on 4 ranks: equal to the reference trajectory until step
+    `part_at` (None: never), then its weights (after that step) and its loss (from step `loss_part_at`, by default the
+    same) off by `how_far` (relative), its weights named `tag` (default the layout's spec: a rerun parting like its
+    run 0 has the same weights); a routing flip of token 0 from step `flip_at` on (margin 1e-3)."""
     import math
 
     from moe_lab.layout import Layout
@@ -102,7 +103,8 @@ def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how
     lay = Layout(tp=tp, ep=ep, sequence_parallel=sp)
 
     base_loss = [1.0 - 0.01 * t for t in range(steps)]
-    loss = [x * (1 + how_far) if part_at is not None and t + 1 >= part_at else x for t, x in enumerate(base_loss)]
+    lp = part_at if loss_part_at == "same" else loss_part_at
+    loss = [x * (1 + how_far) if lp is not None and t + 1 >= lp else x for t, x in enumerate(base_loss)]
     fps, sketch = [], []
     for t in range(steps + 1):
         off = part_at is not None and t >= part_at

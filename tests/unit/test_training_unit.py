@@ -90,7 +90,13 @@ def test_findings_read_the_usual_story():
             train06(4, part_at=3), train06(4, 1, part_at=3)]
     fs = ft.findings(recs)
     lay = next(f for f in fs if f.question == ft.QUESTION)
-    assert lay.status == FAIL and "ep2 run 0: first differs after step 2 of 6" in lay.claim
+    assert lay.status == FAIL and "ep2 run 0: first differs after step 2 of 6 (in the forward: step 2" in lay.claim
+    # where: the factory's ep2 parts in its loss at step 2; a run whose loss bits hold one step longer parts in the
+    # backward / reduce (its weights after step 2), and the control at step 0: the initial weights
+    back = train06(2, part_at=2, loss_part_at=3)
+    assert ft.where_parted(back, train06(1), 2).startswith("the backward or the gradient reduce: the weights after")
+    assert ft.where_parted(recs[2], train06(1), 2).startswith("the forward: step 2's loss bits")
+    assert ft.where_parted(back, train06(1), 0) == "the initial weights"
     assert "top-k slots flipped" in lay.evidence.counts[0].what and lay.evidence.counts[0].n == 4  # steps 3..6
     rr = next(f for f in fs if f.question == ft.RUN_TO_RUN)
     # the factory's reruns part exactly like their run 0: each rerun against its own run 0 is equal
@@ -105,7 +111,7 @@ def test_a_tp_layout_is_named_by_its_spec_and_compared_with_its_own_rerun():
     fs = ft.findings(recs)
     lay = next(f for f in fs if f.question == ft.QUESTION)
     assert "tp2,ep2,sp run 0: bitwise equal to ep1 run 0 for all 6 steps" in lay.claim
-    assert "ep2 run 0: first differs after step 2 of 6" in lay.claim and lay.status == FAIL
+    assert "ep2 run 0: first differs after step 2 of 6 (in the forward" in lay.claim and lay.status == FAIL
     rr = next(f for f in fs if f.question == ft.RUN_TO_RUN)
     assert "1 of 2 layout(s) part from ep1" in rr.claim and "0 of 3 rerun(s) part" in rr.claim
     only_tp = ft.findings([train06(1), train06(2, tp=2, sp=True)])
