@@ -21,6 +21,7 @@ import zlib
 
 from .. import stats
 from ..params import TrainParams
+from ..findings.training import layout_of
 from ..layout import Layout
 from . import protocol
 from .protocol import Case
@@ -120,7 +121,7 @@ def replay_cases(params: dict, records: list[dict]) -> list[Case]:
     lays = layouts_of(tp)
     base = [c for c in cases(params) if c.knobs["setting"] == REPLAY][0]
     ref = next((r for r in records if r.get("kind") == "train" and r.get("setting") == REPLAY
-                and r.get("available") and r.get("case_key") and _same_layout(r, lays[0])), None)
+                and r.get("available") and r.get("case_key") and layout_of(r) == lays[0].spec()), None)
     if ref is None:
         return []
     out = []
@@ -131,12 +132,6 @@ def replay_cases(params: dict, records: list[dict]) -> list[Case]:
                         knobs={**base.knobs, "replay": [[s["topk"] for s in per] for per in ref["routing"]],
                                "replay_of": ref["case_key"]}))
     return out
-
-
-def _same_layout(rec: dict, lay: Layout) -> bool:
-    """Is `rec` (a record, stamped with its layout's fields) a run at `lay`?"""
-    return ((rec.get("tp"), rec.get("ep"), rec.get("etp"), bool(rec.get("sequence_parallel")))
-            == (lay.tp, lay.ep, lay.expert_tp, lay.sequence_parallel))
 
 
 # ---------------------------------------------------------------------------------------------- engine side
@@ -179,6 +174,7 @@ def engine_train(payload: dict) -> dict:
     """K steps of the case's stack at its layout; every rank's per-step results gathered to rank 0 once, at the end."""
     import torch
     import torch.distributed as tdist
+
     from ..config import MoEConfig
     from ..engine import compat, toolkit, train
     from ..engine.dist import STATE
@@ -313,7 +309,7 @@ def verdict(records: list[dict]) -> str:
     r0 = tr[0] if tr else None
     title = (f"megatron-core {r0['megatron_core']}, {r0['world']} rank(s) on {r0.get('gpu') or r0['device']}; "
              f"{r0.get('steps')} steps of {r0.get('tokens')} tokens, MSE loss, AdamW (bf16 params, fp32 main "
-             f"weights), layouts {', '.join(dict.fromkeys(found.layout_of(r) for r in tr))}:" if r0 else "")
+             f"weights), layouts {', '.join(dict.fromkeys(layout_of(r) for r in tr))}:" if r0 else "")
     return render.verdict(found.findings(records), title=title)
 
 
