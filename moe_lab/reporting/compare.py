@@ -3,11 +3,14 @@ virtual EP on one GPU (ranks sharing it over gloo). Per case of notebooks 01, 02
 verdicts agree (diverges or not and why, first divergent stage, remedy bitwise in every trial), and are the mismatch
 magnitudes within a factor of 2 of each other. Where they disagree, the row says which mechanism only one of the two
 placements exercises (NCCL's own reduction order — ring or tree — and NVLink exist only with one rank per GPU).
-Text only: reads records, measures nothing."""
+Notebook 06's runs are held against each other whole: is each training trajectory (its loss bits and weight
+fingerprints, every step) the same bits in both record sets — e.g. the same profile on two machines or two days —
+and is its layout's weight divergence at step K of the same size. Text only: reads records, measures nothing."""
 
 from __future__ import annotations
 
 from ..findings import labels
+from ..findings import training as train_f
 
 FACTOR = 2.0
 
@@ -24,7 +27,44 @@ def _within(a: float, b: float, factor: float = FACTOR) -> bool:
 
 def _placement(records: list[dict]) -> str:
     r = next((x for x in records if x.get("placement")), {})
-    return f"{r.get('world')} ranks, {r.get('placement')}, {r.get('backend')}"
+    gpus = sorted({f"{x['gpu']} {str(x.get('gpu_uuid', ''))[:8]}" for x in records if x.get("gpu")})
+    cpus = sorted({x["cpu"].get("model", "CPU") for x in records if isinstance(x.get("cpu"), dict)})
+    machine = f" on {', '.join(gpus)}" if gpus else f" on {', '.join(cpus)}" if cpus else ""
+    return f"{r.get('world')} ranks, {r.get('placement')}, {r.get('backend')}{machine}"
+
+
+def _train_key(r: dict) -> tuple:
+    return (r["label"], r["steps"], r["tokens"], r["precision"], r.get("megatron_core"))
+
+
+def _train_rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
+    """Notebook 06: per training run both sets hold with the same configuration, its trajectory's bits (equal, or
+    the step after which they part and where), and its weight divergence from its reference layout at step K."""
+    ra = [r for r in a if r.get("notebook") == "06" and r.get("kind") == "train" and r.get("available")]
+    rb = [r for r in b if r.get("notebook") == "06" and r.get("kind") == "train" and r.get("available")]
+    ka, kb = {_train_key(r): r for r in ra}, {_train_key(r): r for r in rb}
+    rows = []
+    for k in sorted(set(ka) & set(kb), key=str):
+        x, y = ka[k], kb[k]
+        if x.get("config") != y.get("config"):
+            continue
+        t = train_f.first_difference(x, y)
+        det = "deterministic" if x["deterministic"] else "not deterministic"
+        why = "" if t is None else (f"parts after step {t} of {x['steps']} (in {train_f.where_parted(x, y, t)})"
+                                    + ("" if x["deterministic"] else "; without deterministic mode one machine's "
+                                       "reruns may part too"))
+
+        def drift(r, pool):
+            ref = train_f.reference_of(r, pool)
+            return 0.0 if ref is None or ref is r else train_f.weight_divergence(r, ref)[-1]
+
+        da, db = drift(x, ra), drift(y, rb)
+        rows.append({"notebook": "06", "case": k[0], "what": f"trajectory bits, {det}",
+                     "a": f"loss at step {x['steps']} {x['loss'][-1]:.6g}, ||Δw||/||w|| vs reference {da:.2g}",
+                     "b": f"loss at step {y['steps']} {y['loss'][-1]:.6g}, ||Δw||/||w|| vs reference {db:.2g}",
+                     "agree": t is None, "within_factor": _within(da, db, factor), "why": why,
+                     "deterministic": bool(x["deterministic"])})
+    return rows
 
 
 def compare(a: list[dict], b: list[dict], *, factor: float = FACTOR) -> list[dict]:
@@ -60,7 +100,7 @@ def compare(a: list[dict], b: list[dict], *, factor: float = FACTOR) -> list[dic
         rows.append({"notebook": "04", "case": f"{k[0]}/{labels.rem_label(k[1], k[2])}", "what": "holds in every trial",
                      "a": str(ha), "b": str(hb), "agree": ha == hb, "within_factor": _within(fa, fb, factor),
                      "why": "" if ha == hb else "the combine's collectives differ (see 02); GEMMs are the same kernels"})
-    return rows
+    return rows + _train_rows(a, b, factor)
 
 
 def summary(a: list[dict], b: list[dict], *, factor: float = FACTOR) -> str:
@@ -70,6 +110,15 @@ def summary(a: list[dict], b: list[dict], *, factor: float = FACTOR) -> str:
     lines = [f"A: {_placement(a)}; B: {_placement(b)}; {len(rows)} cases in both.",
              f"verdicts agree in {sum(r['agree'] for r in rows)} of {len(rows)}; mismatch magnitudes within "
              f"{factor:g}x in {sum(r['within_factor'] for r in rows)} of {len(rows)}."]
+    train = [r for r in rows if r["notebook"] == "06"]
+    if train:
+        parts = []
+        for det, name in ((True, "with deterministic mode"), (False, "without it")):
+            sub = [r for r in train if r["deterministic"] == det]
+            if sub:
+                parts.append(f"{name} {sum(r['agree'] for r in sub)} of {len(sub)}")
+        lines.append("06: training trajectories bitwise equal (loss bits and weight fingerprints, every step) "
+                     + "; ".join(parts) + ".")
     for r in rows:
         if not r["agree"] or not r["within_factor"]:
             lines.append(f"- {r['notebook']} {r['case']} ({r['what']}): A {r['a']}, B {r['b']}"

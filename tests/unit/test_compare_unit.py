@@ -43,3 +43,37 @@ def test_cli_compare(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b" / "results.json")]) == 0
     assert "verdicts agree in 1 of 1; mismatch magnitudes within 2x in 1 of 1" in capsys.readouterr().out
     assert cli.main(["compare", str(tmp_path / "nothing"), str(tmp_path / "b")]) == 2
+
+
+def run06(ep, **kw):
+    from records_factory import train06
+
+    det = kw.get("det", True)
+    label = f"plain, 1 layer(s), ep{ep}, {'det' if det else 'nondet'}, run 0"
+    return dict(train06(ep, label=label, precision="bf16", config={"hidden": 8}, **kw), steps=6, tokens=4)
+
+
+def test_training_trajectories_held_bit_for_bit():
+    """06: the same runs on two machines. Equal trajectories agree; the control — B's ep2 run whose loss parts at
+    step 3 — is caught with the step and where; a run of another configuration is not compared."""
+    a = [run06(1), run06(2, part_at=2, how_far=1e-3), run06(4, part_at=1, how_far=1e-2, det=False)]
+    b = [run06(1), run06(2, part_at=2, how_far=1e-3), run06(4, part_at=1, how_far=1e-2, det=False)]
+    rows = {r["case"]: r for r in compare.compare(a, b)}
+    assert len(rows) == 3 and all(r["agree"] and r["within_factor"] for r in rows.values())
+    assert "with deterministic mode 2 of 2; without it 1 of 1" in compare.summary(a, b)
+
+    b[1] = run06(2, part_at=2, how_far=1e-3, tag="other machine")  # same losses, other weights after step 2
+    row = {r["case"]: r for r in compare.compare(a, b)}["plain, 1 layer(s), ep2, det, run 0"]
+    assert not row["agree"] and row["within_factor"]
+    assert "parts after step 2 of 6 (in the backward or the gradient reduce" in row["why"]
+    b[1] = run06(2, part_at=1, how_far=1e-3, tag="other machine")
+    row = {r["case"]: r for r in compare.compare(a, b)}["plain, 1 layer(s), ep2, det, run 0"]
+    assert "parts after step 1 of 6 (in the forward: step 1's loss bits" in row["why"]
+    assert "with deterministic mode 1 of 2" in compare.summary(a, b)
+
+    b[1] = run06(2, part_at=2, how_far=1e-1)  # the layout effect ten times larger on B
+    row = {r["case"]: r for r in compare.compare(a, b)}["plain, 1 layer(s), ep2, det, run 0"]
+    assert not row["agree"] and not row["within_factor"]
+
+    b[1] = dict(run06(2, part_at=2, how_far=1e-3), config={"hidden": 16})
+    assert "plain, 1 layer(s), ep2, det, run 0" not in {r["case"] for r in compare.compare(a, b)}

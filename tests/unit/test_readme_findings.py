@@ -42,3 +42,19 @@ def test_findings_cli_reads_a_report_without_torch():
     bad = subprocess.run([sys.executable, "-m", "moe_lab.cli", "findings", str(ROOT / "nowhere")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no results.json" in bad.stderr
+
+
+def test_the_committed_two_card_comparison_is_the_records():
+    """reports/gpu-h200x1-2026-12-03/compare-with-2026-12-02.txt and the README's sentence on it are what
+    `moe-lab compare` says of the two committed folders' records today (the 06 line: deterministic runs equal across
+    the two cards, the runs without deterministic mode not)."""
+    from moe_lab.cli.main import load_report
+    from moe_lab.reporting import compare
+
+    a, b = (load_report(str(ROOT / "reports" / n))[1] for n in ("gpu-h200x1-2026-12-02", "gpu-h200x1-2026-12-03"))
+    text = compare.summary(a, b)
+    assert (ROOT / "reports/gpu-h200x1-2026-12-03/compare-with-2026-12-02.txt").read_text().strip() == text.strip()
+    line = next(x for x in text.splitlines() if x.startswith("06: "))
+    det, nondet = (x.split(" ")[-3:] for x in line.rstrip(".").split("; "))
+    sentence = f"deterministic runs {det[0]} of {det[2]} equal, the rest {nondet[0]} of {nondet[2]}"
+    assert sentence in " ".join((ROOT / "README.md").read_text().split()), sentence
