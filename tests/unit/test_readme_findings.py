@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from moe_lab.findings import readme
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +46,17 @@ def test_findings_cli_reads_a_report_without_torch():
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no results.json" in bad.stderr
 
 
-def test_the_committed_two_card_comparison_is_the_records():
-    """reports/gpu-h200x1-2026-12-03/compare-with-2026-12-02.txt and the README's sentence on it are what
-    `moe-lab compare` says of the two committed folders' records today (the 06 line: deterministic runs equal across
-    the two cards, the runs without deterministic mode not)."""
+@pytest.mark.parametrize("machine", ["gpu-h200x1", "cpu"])
+def test_the_committed_two_day_comparison_is_the_records(machine):
+    """reports/<machine>-2026-12-03/compare-with-2026-12-02.txt and the README's sentence on it are what
+    `moe-lab compare` says of the two committed folders' records today (the 06 line: on the H200s deterministic runs
+    equal across the two cards, the runs without deterministic mode not; on the CPU every run equal)."""
     from moe_lab.cli.main import load_report
     from moe_lab.reporting import compare
 
-    a, b = (load_report(str(ROOT / "reports" / n))[1] for n in ("gpu-h200x1-2026-12-02", "gpu-h200x1-2026-12-03"))
+    a, b = (load_report(str(ROOT / "reports" / f"{machine}-{day}"))[1] for day in ("2026-12-02", "2026-12-03"))
     text = compare.summary(a, b)
-    assert (ROOT / "reports/gpu-h200x1-2026-12-03/compare-with-2026-12-02.txt").read_text().strip() == text.strip()
+    assert (ROOT / f"reports/{machine}-2026-12-03/compare-with-2026-12-02.txt").read_text().strip() == text.strip()
     line = next(x for x in text.splitlines() if x.startswith("06: "))
     det, nondet = (x.split(" ")[-3:] for x in line.rstrip(".").split("; "))
     sentence = f"deterministic runs {det[0]} of {det[2]} equal, the rest {nondet[0]} of {nondet[2]}"
