@@ -37,6 +37,12 @@ def _train_key(r: dict) -> tuple:
     return (r["label"], r["steps"], r["tokens"], r["precision"], r.get("megatron_core"))
 
 
+def _drift(r: dict, pool: list[dict]) -> float:
+    """||Δw|| / ||w|| at the last step of run `r` against its reference layout's run in `pool` (0 for the reference)."""
+    ref = train_f.reference_of(r, pool)
+    return 0.0 if ref is None or ref is r else train_f.weight_divergence(r, ref)[-1]
+
+
 def _train_rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
     """Notebook 06: per training run both sets hold with the same configuration, its trajectory's bits (equal, or
     the step after which they part and where), and its weight divergence from its reference layout at step K."""
@@ -54,11 +60,7 @@ def _train_rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
                                     + ("" if x["deterministic"] else "; without deterministic mode one machine's "
                                        "reruns may part too"))
 
-        def drift(r, pool):
-            ref = train_f.reference_of(r, pool)
-            return 0.0 if ref is None or ref is r else train_f.weight_divergence(r, ref)[-1]
-
-        da, db = drift(x, ra), drift(y, rb)
+        da, db = _drift(x, ra), _drift(y, rb)
         rows.append({"notebook": "06", "case": k[0], "what": f"trajectory bits, {det}",
                      "a": f"loss at step {x['steps']} {x['loss'][-1]:.6g}, ||Δw||/||w|| vs reference {da:.2g}",
                      "b": f"loss at step {y['steps']} {y['loss'][-1]:.6g}, ||Δw||/||w|| vs reference {db:.2g}",

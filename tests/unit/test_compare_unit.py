@@ -54,8 +54,9 @@ def run06(ep, **kw):
 
 
 def test_training_trajectories_held_bit_for_bit():
-    """06: the same runs on two machines. Equal trajectories agree; the control — B's ep2 run whose loss parts at
-    step 3 — is caught with the step and where; a run of another configuration is not compared."""
+    """06: the same runs on two machines. Equal trajectories agree; the controls — B's ep2 run with other weights
+    after step 2 (its losses equal), then with its loss parting at step 1 — are caught with the step and where; a
+    layout effect ten times larger fails the factor; a run of another configuration is not compared."""
     a = [run06(1), run06(2, part_at=2, how_far=1e-3), run06(4, part_at=1, how_far=1e-2, det=False)]
     b = [run06(1), run06(2, part_at=2, how_far=1e-3), run06(4, part_at=1, how_far=1e-2, det=False)]
     rows = {r["case"]: r for r in compare.compare(a, b)}
