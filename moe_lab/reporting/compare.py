@@ -59,7 +59,6 @@ def _train_rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
         why = "" if t is None else (f"parts after step {t} of {x['steps']} (in {train_f.where_parted(x, y, t)})"
                                     + ("" if x["deterministic"] else "; without deterministic mode one machine's "
                                        "reruns may part too"))
-
         da, db = _drift(x, ra), _drift(y, rb)
         rows.append({"notebook": "06", "case": k[0], "what": f"trajectory bits, {det}",
                      "a": f"loss at step {x['steps']} {x['loss'][-1]:.6g}, ||Δw||/||w|| vs reference {da:.2g}",
