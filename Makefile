@@ -18,7 +18,7 @@ $(VENV)/.moe_lab-ready: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	@touch $@
 
-# Main job: every numbered notebook → reports/<profile>-<date>/ (HTML + results.json); gpu profile if a GPU is visible.
+# Main job: every numbered notebook → reports/<profile>-<date>/ (git-ignored; HTML + results.json); gpu profile if a GPU is visible.
 reports: setup
 	$(BIN)/moe-lab run $(ARGS)
 

@@ -2,15 +2,18 @@
 
 For every case of notebooks 01-05: the mismatch counts (n_mismatch) of cross_rank, rerun, truncation, a stage
 comparison, a kernel probe, and 05's outputs and gradients (per backward case and per depth layer), keyed by what
-identifies the case. Prints the differences; exit 1 if any. Keys measured
-nondeterministically (rerun counts > 0, or repeated records that disagree) are listed apart, not compared.
+identifies the case (records of any schema, read through `moe_lab.records.upgrade`). Prints the differences; exit 1 if
+any. Keys measured nondeterministically (rerun counts > 0, or repeated records that disagree) are listed apart, not
+compared.
 Usage: python .ci/bitwise_diff.py BEFORE/results.json AFTER/results.json
 """
 
 import json
 import sys
 
-ID = ("notebook", "kind", "record", "megatron_core", "dispatcher", "router_dtype", "probs_fp32_gather", "deterministic",
+from moe_lab.records import upgrade
+
+ID = ("notebook", "kind", "stage_kind", "megatron_core", "dispatcher", "router_dtype", "probs_fp32_gather", "deterministic",
       "variant", "remedy", "emulation", "tile", "stage", "unit", "linear", "M", "op", "seq", "setting", "stack", "layer",
       "layout")
 COUNTS = ("cross_rank", "rerun", "truncation", "kernel", "probs",
@@ -22,7 +25,7 @@ COUNTS = ("cross_rank", "rerun", "truncation", "kernel", "probs",
 
 def counts(path: str) -> dict:
     out = {}
-    for r in json.load(open(path)):
+    for r in map(upgrade, json.load(open(path))):  # any committed schema, read as the current one
         if r.get("notebook") not in ("01", "02", "03", "04", "05"):
             continue
         r = {"probs_fp32_gather": False, "deterministic": False, "kind": "case", **r}  # older records left defaults out
@@ -34,7 +37,7 @@ def counts(path: str) -> dict:
                 val[c] = v["n_mismatch"]
         if "n_mismatch" in r:
             val["stage"] = r["n_mismatch"]
-        if "dtype" in r and r.get("record") == "collective":
+        if "dtype" in r and r.get("kind") == "collective":
             val["dtype"] = r["dtype"]
         for k in ("first_divergent_stage", "routing_map_equal", "backward_first_divergent"):
             if k in r:

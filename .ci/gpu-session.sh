@@ -6,7 +6,7 @@
 # reports passed ~60 MB (2026-12-02), move aside the report folders a call does not continue (e.g. all of reports/
 # for pytest: `mv reports /tmp/r && mkdir reports`, back after) and carry only the wheels the node lacks (~11 MB).
 # Usage: bash .ci/gpu-session.sh OUTDIR [STEPS]
-# STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, presets (every model preset, #23),
+# STEPS: comma list of pytest (-m gpu), pytest-multi (-m multigpu), probe, presets (every model preset),
 #        report:NN[+NN...], bench, capture
 #        (default: pytest,probe). Other megatron-core releases for notebook 03 come from .whl/releases.
 # REPORT_DIR: where report steps write (default OUTDIR/report; a report folder of the tree continues it);
@@ -38,7 +38,7 @@ if has probe; then
   awk "BEGIN {printf \"probe rc=$rc wall %.1f s (cluster start included)\n\", $EPOCHREALTIME - $start}" | tee -a "$OUT/probe.log"
   tail -3 "$OUT/probe.log"
 fi
-if has presets; then  # every model preset's layer (moe_lab/models.py), full size, one cluster, virtual EP=4 (#23)
+if has presets; then  # every model preset's layer (moe_lab/models.py), full size, one cluster, virtual EP=4
   MODELS=${MODELS:-mixtral-8x7b,qwen3-30b-a3b,qwen3-235b-a22b,deepseek-v3,moonlight-16b-a3b,gpt-oss-20b}
   for m in ${MODELS//,/ }; do python3 -m moe_lab.cli preflight --model $m --layout ep4 --gpus 1 --seq 1024 \
     --dispatcher allgather,alltoall --router-dtype none,fp32 --gpu-memory 139; done > "$OUT/preflight.txt" 2>&1

@@ -25,7 +25,7 @@ def eng_profile(cfg_dict, steps=3):
     from moe_lab.config import MoEConfig
     from moe_lab.engine import compat, layer as L, toolkit
     from moe_lab.engine.dist import STATE
-    from moe_lab.experiments import compound
+    from moe_lab.questions.compound import experiment as compound
 
     out = {"rank": tdist.get_rank()}
     dev = STATE["torch_device"]

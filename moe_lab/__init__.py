@@ -8,8 +8,8 @@ megatron-core releases, wheels), `cli/` (`moe-lab`). `config`, `metrics`, `stats
 """
 
 from .config import ClusterConfig, MoEConfig
+from .version import __version__
 
-__version__ = "0.2.0"
 __all__ = ["ClusterConfig", "MoEConfig", "Cluster", "__version__"]
 
 

@@ -13,7 +13,7 @@ DEVICES = ("cpu", "cuda")
 LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (its entry-point names)
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest timeout the lab takes (a week; flags and profiles alike): larger values overflow the timers of zmq and
-threading (#25: `--timeout 1e20` once became a cluster fault of rank 0)."""
+threading (`--timeout 1e20` once became a cluster fault of rank 0)."""
 
 
 def seconds_ok(v) -> bool:
@@ -22,7 +22,7 @@ def seconds_ok(v) -> bool:
 
 
 def check_cut(cut, seq_len: int, name: str = "cut") -> int:
-    """The truncation rule, stated once (#22): the first `cut` tokens are kept and the rest zeroed, so cut is a whole
+    """The truncation rule, stated once: the first `cut` tokens are kept and the rest zeroed, so cut is a whole
     number in 1..seq_len-1. Returns cut; raises ValueError naming `name` (the flag or key the user wrote)."""
     if not isinstance(cut, int) or isinstance(cut, bool) or not 0 < cut < seq_len:
         raise ValueError(f"{name} ({cut!r}) must be an integer in 1..seq_len-1 ({seq_len - 1})")
@@ -36,12 +36,12 @@ MEGATRON_OPTIONS = ("moe_enable_routing_replay", "moe_permute_fusion", "moe_rout
 """TransformerConfig booleans the lab can turn on (the layer is built with them: they are part of its identity)."""
 
 
-def _choice(name: str, value, allowed) -> None:
+def check_choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{name} ({value!r}) must be one of {', '.join(map(repr, allowed))}")
 
 
-def _positive(name: str, value) -> None:
+def check_positive(name: str, value) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} ({value!r}) must be a positive integer")
 
@@ -84,7 +84,7 @@ class MoEConfig:
     options: tuple[str, ...] = ()
     """megatron-core TransformerConfig switches turned on for the layer, from MEGATRON_OPTIONS (checked against the
     release; e.g. 'moe_enable_routing_replay', 'moe_permute_fusion')."""
-    # Router and expert features of production MoE models (#23). The defaults are the seed report's layer; a field
+    # Router and expert features of production MoE models. The defaults are the seed report's layer; a field
     # left at its default is not passed to megatron, so the seed layer is built exactly as before.
     score_function: str = "softmax"
     """`moe_router_score_function`: 'softmax' (Mixtral, Qwen3), 'sigmoid' (DeepSeek-V3, Moonlight), 'sqrtsoftplus'
@@ -116,7 +116,7 @@ class MoEConfig:
 
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity",
                      "sequence_parallel"):
             if not isinstance(getattr(self, name), bool):
@@ -134,9 +134,9 @@ class MoEConfig:
             object.__setattr__(self, "options", tuple(self.options))
         if not isinstance(self.options, tuple) or any(o not in MEGATRON_OPTIONS for o in self.options):
             raise ValueError(f"options ({self.options!r}) must be a tuple of {', '.join(MEGATRON_OPTIONS)}")
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("dispatcher", self.dispatcher, DISPATCHERS)
-        _choice("router_dtype", self.router_dtype, ROUTER_DTYPES)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("dispatcher", self.dispatcher, DISPATCHERS)
+        check_choice("router_dtype", self.router_dtype, ROUTER_DTYPES)
         self._check_router_features()
         if self.topk > self.num_experts:
             raise ValueError(f"topk ({self.topk}) must be <= num_experts ({self.num_experts})")
@@ -153,8 +153,8 @@ class MoEConfig:
     def _check_router_features(self) -> None:
         """megatron-core's own rules for the router features (TransformerConfig.__post_init__), checked here so that
         a bad combination is one line before any engine starts."""
-        _choice("score_function", self.score_function, SCORE_FUNCTIONS)
-        _choice("drop_policy", self.drop_policy, DROP_POLICIES)
+        check_choice("score_function", self.score_function, SCORE_FUNCTIONS)
+        check_choice("drop_policy", self.drop_policy, DROP_POLICIES)
         for name in ("num_groups", "group_topk", "shared_ffn"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -205,6 +205,12 @@ class MoEConfig:
 
     def replace(self, **changes) -> "MoEConfig":
         return dataclasses.replace(self, **changes)
+
+    def at(self, layout) -> "MoEConfig":
+        """This layer split as `layout` (a `moe_lab.layout.Layout`; etp written 0 where it equals tp, megatron's
+        default): the one place a layout's degrees become the layer's fields (a training stack, a layout compared)."""
+        return self.replace(tp=layout.tp, ep=layout.ep, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
+                            sequence_parallel=layout.sequence_parallel)
 
     def resolved_ep(self, world: int) -> int:
         """EP for a world of `world` ranks (0 = world / etp), checked against it (`Layout`'s rules: the world is a
@@ -280,8 +286,8 @@ class ClusterConfig:
     other launchers (engines on other hosts need it on a shared file system; ssh creates it on each host)."""
 
     def __post_init__(self):
-        _choice("device", self.device, DEVICES)
-        _choice("launcher", self.launcher, LAUNCHERS)
+        check_choice("device", self.device, DEVICES)
+        check_choice("launcher", self.launcher, LAUNCHERS)
         opts = self.launcher_options
         if not isinstance(opts, dict) or not all(isinstance(k, str) and k for k in opts):
             raise ValueError(f"launcher_options ({opts!r}) must be a dict of ipyparallel setting names to values, "
@@ -289,13 +295,13 @@ class ClusterConfig:
         object.__setattr__(self, "launcher_options", copy.deepcopy(opts))  # frozen: the caller's dict can't change it
         if not isinstance(self.profile_root, str):
             raise ValueError(f"profile_root ({self.profile_root!r}) must be a directory path (str), or '' for the default")
-        _positive("engines", self.engines)
-        _positive("ranks_per_gpu", self.ranks_per_gpu)
+        check_positive("engines", self.engines)
+        check_positive("ranks_per_gpu", self.ranks_per_gpu)
         if self.device == "cpu" and self.ranks_per_gpu != 1:
             raise ValueError(f"ranks_per_gpu ({self.ranks_per_gpu}) must be 1 on device 'cpu'")
         if self.engines % self.ranks_per_gpu:
             raise ValueError(f"engines ({self.engines}) must be a multiple of ranks_per_gpu ({self.ranks_per_gpu})")
-        _positive("tp", self.tp)
+        check_positive("tp", self.tp)
         if self.engines % self.tp:
             raise ValueError(f"engines ({self.engines}) must be divisible by tp ({self.tp})")
         for name in ("timeout_s", "start_timeout_s"):

@@ -1,4 +1,4 @@
-"""Folders the lab writes into, checked before anything starts (#25): one line naming the path, the flag the user
+"""Folders the lab writes into, checked before anything starts: one line naming the path, the flag the user
 gave and why it cannot be used — never a traceback. No torch here."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A parallel layout — TP x EP x ETP (+ sequence parallel) — parsed and checked once (#23 item 5), torch-free.
+"""A parallel layout — TP x EP x ETP (+ sequence parallel) — parsed and checked once, torch-free.
 
 Vocabulary (megatron-core's): the dense side splits the world into tp x dp; the expert side into etp x ep x edp
 (expert-data-parallel). ETP defaults to TP (`expert_tensor_parallel_size=None` in megatron). A layout fits a world of

@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from .records import Comparison
+
 # dtype → (integer view dtype, bits, mantissa bits incl. the implicit one)
 _FORMATS = {
     torch.bfloat16: (torch.int16, 16, 8),
@@ -110,18 +112,11 @@ def compare(a: torch.Tensor, b: torch.Tensor, *, atol: float = 1e-3, rtol: float
     except AssertionError:
         assert_close_ok = False
     any_finite = bool(finite.any())
-    return {
-        "numel": n,
-        "n_mismatch": n_mism,
-        "mismatch_frac": n_mism / n,
-        "bitwise_equal": False,
-        "max_abs": float(abs_err[finite].max()) if any_finite else 0.0,
-        "max_rel": float(rel_err[finite].max()) if any_finite else 0.0,
-        "max_ulp": float(ulp.max()),
-        "mean_ulp": float(ulp.mean()),
-        "allclose_1e3": bool(torch.allclose(sa, sb, atol=atol, rtol=rtol, equal_nan=True)),
-        "assert_close": assert_close_ok,
-    }
+    return Comparison.counted(
+        n, n_mism, max_abs=float(abs_err[finite].max()) if any_finite else 0.0,
+        max_rel=float(rel_err[finite].max()) if any_finite else 0.0, max_ulp=float(ulp.max()),
+        mean_ulp=float(ulp.mean()), allclose_1e3=bool(torch.allclose(sa, sb, atol=atol, rtol=rtol, equal_nan=True)),
+        assert_close=assert_close_ok).asdict()
 
 
 def identical(a: torch.Tensor) -> dict:
@@ -129,8 +124,21 @@ def identical(a: torch.Tensor) -> dict:
     fast path once fingerprints have shown two tensors equal). NaNs make `assert_close` fail, as in `compare`."""
     n = a.numel()
     nan = bool(torch.isnan(a).any()) if a.is_floating_point() and n else False
-    return {"numel": n, "n_mismatch": 0, "mismatch_frac": 0.0, "bitwise_equal": True, "max_abs": 0.0, "max_rel": 0.0,
-            "max_ulp": 0.0, "mean_ulp": 0.0, "allclose_1e3": True, "assert_close": not nan}
+    return Comparison.counted(n, 0, max_abs=0.0, max_rel=0.0, max_ulp=0.0, mean_ulp=0.0, allclose_1e3=True,
+                              assert_close=not nan).asdict()
+
+
+def compare_exact(a: torch.Tensor, b: torch.Tensor, *, measured: bool = True) -> dict:
+    """A bool / integer comparison (no ULPs there): how many entries differ; with `measured`, also the largest
+    absolute difference, and NaN for what integers do not have (rel error, ULPs), the tolerance checks as equality."""
+    n = a.numel()
+    ne = int((a != b).sum())
+    if not measured:
+        return Comparison.counted(n, ne).asdict()
+    nan = float("nan")
+    return Comparison.counted(
+        n, ne, max_abs=float((a.to(torch.float64) - b.to(torch.float64)).abs().max()) if n else 0.0, max_rel=nan,
+        max_ulp=nan, mean_ulp=nan, allclose_1e3=ne == 0, assert_close=ne == 0).asdict()
 
 
 def ulp_histogram(a: torch.Tensor, b: torch.Tensor) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""Model presets (#23): one MoE layer of a published model, as megatron-core TransformerConfig MoE fields, with the
+"""Model presets: one MoE layer of a published model, as megatron-core TransformerConfig MoE fields, with the
 source each value was read from. Torch-free: the CLI, the profiles and `moe-lab preflight` read it on the controller.
 
 A preset becomes the lab's `MoEConfig` through `Preset.moe(scale=...)`. `scale` < 1 shrinks hidden and the expert /

@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import types
 from importlib import resources
 from pathlib import Path
 
-from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, ClusterConfig, MoEConfig,
+from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, MoEConfig,
                      check_cut, seconds_ok)
-from .params import FLAT, FLAT_KEYS, SECTIONS
+from .params import Flat
+from .questions import QUESTIONS, params_types
+from .run_config import CLUSTER_KEYS, MOE_KEYS, RUN_KEYS, ClusterSettings, RunConfig, RunSettings, freeze
 
 PROFILES = ("cpu", "gpu")
-_MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
-_COMMON = {"device", "engines", "cut", "dispatchers", "router_dtypes", "timeout_s", "tp", "megatron", "wheels",
-           "launcher", "launcher_options", "start_timeout_s", "trials", "cost_rounds", "gpus", "one_gpu_engines",
-           "model", "scale"}
+_MOE_KEYS = MOE_KEYS
+_COMMON = set(CLUSTER_KEYS) | set(RUN_KEYS)
 """The keys every notebook shares (the layer, the cluster, the release, trials and cost rounds)."""
+SECTIONS = {c.KEY: c for c in params_types() if not issubclass(c, Flat)}
+"""The profile keys that hold a question's own object (its parameters' KEY), and their dataclasses."""
+FLAT = tuple(c for c in params_types() if issubclass(c, Flat))
+"""The questions whose parameters are flat profile keys (each field one key), and their dataclasses."""
+FLAT_KEYS = frozenset(k for c in FLAT for k in c.__dataclass_fields__)
 _KNOWN = set(_MOE_KEYS) | _COMMON | FLAT_KEYS | set(SECTIONS)
-"""Every key a profile may hold: the layer's, the common ones, each notebook's flat fields (`params.FLAT`) and each
-experiment object (`params.SECTIONS`)."""
+"""Every key a profile may hold: the layer's, the common ones, and each registered question's parameters (flat fields
+or its own object)."""
 
 
-def load(name_or_path: str, overrides: dict | None = None) -> dict:
-    """A profile's parameters (a built-in name or a JSON file), with `overrides` applied and everything checked."""
+def load(name_or_path: str, overrides: dict | None = None) -> RunConfig:
+    """A profile (a built-in name or a JSON file) with `overrides` (flat keys or `section.field`) applied, checked and
+    parsed once into a `RunConfig`. Neither the file's dict nor `overrides` is changed."""
     if name_or_path in PROFILES:
         text = resources.files("moe_lab").joinpath(f"profiles/{name_or_path}.json").read_text()
         where = f"profile {name_or_path!r}"
@@ -37,13 +45,90 @@ def load(name_or_path: str, overrides: dict | None = None) -> dict:
         raise ValueError(f"{where} is not valid JSON: {e}") from None
     if not isinstance(params, dict):
         raise ValueError(f"{where} must hold a JSON object of parameters, found {type(params).__name__}")
-    params = {k: v for k, v in params.items() if not k.startswith("_")}
-    params.update(overrides or {})
-    check(params, where)
-    return params
+    return parse({k: v for k, v in params.items() if not k.startswith("_")}, overrides, where)
 
 
-def check(params: dict, where: str = "parameters") -> None:
+def _translation() -> dict[str, dict[str, tuple[str, ...]]]:
+    """THE table between `section.field` and the profile's keys: section → field → the path of its key (a flat key,
+    or a question's own object and its field). The sections: layer, cluster, run, and each registered question (by
+    its folder's name, and a `Section` also by its KEY)."""
+    table = {"layer": {k: (k,) for k in _MOE_KEYS},
+             "cluster": {k: (k,) for k in CLUSTER_KEYS},
+             "run": {k: (k,) for k in RUN_KEYS}}
+    for q in QUESTIONS:
+        c = q.params
+        if c is None:
+            continue
+        fields = {f: ((f,) if issubclass(c, Flat) else (c.KEY, f)) for f in c.__dataclass_fields__}
+        table.setdefault(q.name, {}).update(fields)
+        if not issubclass(c, Flat):
+            table.setdefault(c.KEY, {}).update(fields)
+    return table
+
+
+TRANSLATION = _translation()
+
+
+def translate(overrides: dict | None, where: str = "parameters") -> tuple[dict, dict]:
+    """Overrides as the profile's keys: a flat key stays as it is; `section.field=v` becomes its key (a flat key, or
+    the field of a question's own object, merged into that object). A section or field not in `TRANSLATION` is
+    refused with the allowed ones."""
+    flat, nested = {}, {}
+    for key, v in (overrides or {}).items():
+        if not isinstance(key, str) or "." not in key:
+            flat[key] = v
+            continue
+        section, _, name = key.partition(".")
+        fields = TRANSLATION.get(section)
+        if fields is None:
+            raise ValueError(f"{where}: {key!r}: unknown section {section!r}; sections: {sorted(TRANSLATION)}")
+        path = fields.get(name)
+        if path is None:
+            raise ValueError(f"{where}: {key!r}: section {section!r} has no field {name!r}; its fields: "
+                             f"{sorted(fields)}")
+        if len(path) == 1:
+            flat[path[0]] = v
+        else:
+            nested.setdefault(path[0], {})[path[1]] = v
+    return flat, nested
+
+
+def parse(params: dict, overrides: dict | None = None, where: str = "parameters") -> RunConfig:
+    """Profile keys + overrides → a checked RunConfig. Works on a copy: `params` and `overrides` stay as they were."""
+    params = copy.deepcopy(params)
+    flat, nested = translate(copy.deepcopy(overrides), where)
+    params.update(flat)
+    for key, fields in nested.items():  # `training.steps=5`: one field of the question's object
+        obj = params.get(key)
+        params[key] = {**(obj if isinstance(obj, dict) else {}), **fields}
+    layer, questions = check(params, where)
+    return _typed(params, layer, questions, where)
+
+
+def _typed(params: dict, layer: MoEConfig, questions: dict, where: str) -> RunConfig:
+    """The checked flat profile as typed sections (`layer` and each question's parameters as `check` built them)."""
+    device = params["device"]
+    cluster = ClusterSettings(
+        device=device, engines=params.get("engines") or 0, gpus=params.get("gpus"),
+        timeout_s=float(params.get("timeout_s", 120)), start_timeout_s=float(params.get("start_timeout_s", 120)),
+        launcher=params.get("launcher", "local"), launcher_options=freeze(params.get("launcher_options") or {}),
+        tp=params.get("tp", 1), one_gpu_engines=params.get("one_gpu_engines") or 0,
+        megatron=params.get("megatron") or None, wheels=params.get("wheels"))
+    run = RunSettings(dispatchers=tuple(params["dispatchers"]), router_dtypes=tuple(params["router_dtypes"]),
+                      cut=params.get("cut", 90),
+                      trials=int(params.get("trials") or (5 if device == "cuda" else 3)),
+                      cost_rounds=params.get("cost_rounds"), model=params.get("model"),
+                      scale=params.get("scale", 1.0))
+    layer_keys = {k: params[k] for k in ("seq_len", "seed", "tp") if k in params}
+    return RunConfig(layer=layer, cluster=cluster, run=run, questions=types.MappingProxyType(questions),
+                     flat=freeze(params), where=where, layer_keys=types.MappingProxyType(layer_keys),
+                     parser=parse)
+
+
+def check(params: dict, where: str = "parameters") -> tuple[MoEConfig, dict]:
+    """Every key of a flat profile checked (the dict is normalised in place: `-p` strings become the lists they
+    mean; `parse` hands it a copy); returns what the checks built, once: the base layer and each question's typed
+    parameters (its class → its instance)."""
     unknown = set(params) - _KNOWN
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KNOWN)}")
@@ -57,13 +142,14 @@ def check(params: dict, where: str = "parameters") -> None:
         if bad or not vals:
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
     try:
-        base_moe(params)  # MoEConfig checks sizes (and a preset, its scale)
+        layer = base_moe(params)  # MoEConfig checks sizes (and a preset, its scale)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    for key, section in SECTIONS.items():  # an experiment's own object (06: training, 07: presets): its dataclass
-        section.from_dict(params.get(key), where)
-    for section in FLAT:  # a notebook's flat keys (01 layouts, 03, 04, 05): its dataclass, defaults and checks once
-        typed = section.of(params, where)
+    questions = {}
+    for key, section in SECTIONS.items():  # a question's own object (e.g. training): its dataclass
+        questions[section] = section.from_dict(params.get(key), where)
+    for section in FLAT:  # a question's flat keys: its dataclass, defaults and checks once
+        typed = questions[section] = section.of(params, where)
         for key in section.SPLIT:  # a `-p key=a,b` string is kept as the list it means
             if isinstance(params.get(key), str):
                 params[key] = list(getattr(typed, key))
@@ -87,13 +173,14 @@ def check(params: dict, where: str = "parameters") -> None:
     if not isinstance(params.get("launcher_options", {}), dict):
         raise ValueError(f"{where}: launcher_options ({params['launcher_options']!r}) must be a JSON object of "
                          "ipyparallel settings, e.g. {\"mpi_args\": [\"--oversubscribe\"]}")
-    cut, seq = params.get("cut", 90), params.get("seq_len", base_moe(params).seq_len)  # MoEConfig's default
+    cut, seq = params.get("cut", 90), params.get("seq_len", layer.seq_len)  # MoEConfig's default
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 2:
         raise ValueError(f"{where}: seq_len ({seq!r}) must be an integer >= 2")
     try:
         check_cut(cut, seq)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+    return layer, questions
 
 
 def base_moe(params: dict, **changes) -> MoEConfig:
@@ -116,82 +203,3 @@ def base_moe(params: dict, **changes) -> MoEConfig:
         kw["tp"] = params["tp"]
     kw.update(changes)
     return MoEConfig(**kw)
-
-
-def cluster_config(params: dict, *, engines: int | None = None) -> ClusterConfig:
-    """The profile's cluster (`engines` overrides the profile's); a launcher and its options are checked here,
-    before any notebook starts. The megatron-core release is the cases' (`release`), not the cluster's."""
-    from .controller.launchers import launcher_settings
-    from .controller.placement import default_config
-
-    if params.get("megatron"):
-        from .release_dirs import path_for
-
-        path_for(params["megatron"])  # installed side by side? (one line saying how if not)
-    ccfg = default_config(device=params["device"], engines=engines or default_engines(params),
-                          gpus=params.get("gpus"), timeout_s=float(params.get("timeout_s", 120)), tp=params.get("tp", 1),
-                          start_timeout_s=float(params.get("start_timeout_s", 120)),
-                          launcher=params.get("launcher", "local"),
-                          launcher_options=params.get("launcher_options") or {})
-    launcher_settings(ccfg)
-    return ccfg
-
-
-def default_engines(params: dict) -> int | None:
-    """The profile's engines; 0 means the device's default: one per GPU — or, on a machine with ONE GPU,
-    `one_gpu_engines` ranks sharing it (virtual EP: the seed report's EP=4 on one GPU); 4 on CPU."""
-    n = params.get("engines") or 0
-    if n:
-        return n
-    if params["device"] == "cuda" and params.get("one_gpu_engines") and params.get("launcher", "local") == "local":
-        from .controller.placement import visible_gpus
-
-        if visible_gpus() == 1:
-            return int(params["one_gpu_engines"])
-    return None
-
-
-def truncation_engines(params: dict) -> list[int | None]:
-    """The worlds notebook 04 runs at: `truncation_engines` if given; on one GPU EP=1 and the virtual EP of
-    `one_gpu_engines` (a rank alone on the GPU, then ranks sharing it); else the profile's world (None)."""
-    from .params import TruncationParams
-
-    given = TruncationParams.of(params).truncation_engines
-    if given:
-        return list(given)
-    n = default_engines(params)
-    if params["device"] == "cuda" and not params.get("engines") and n and n > 1:
-        return [1, n]
-    return [None]
-
-
-def public(params: dict) -> dict:
-    """The parameters as a report shows them: absolute paths (wheels, profile files) reduced to their last part."""
-    import os
-
-    def clean(v):
-        if isinstance(v, str) and os.path.isabs(v):
-            return os.path.basename(v.rstrip("/")) or v
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        return v
-
-    return {k: clean(v) for k, v in params.items()}
-
-
-def release(params: dict) -> str:
-    """The megatron-core release of notebooks 01, 02, 04 and 05: `megatron` (installed side by side) or the installed one."""
-    return params.get("megatron") or "installed"
-
-
-def trials(params: dict) -> int:
-    """Trials of every comparison that can be nondeterministic (#14): default 5 on GPU, 3 on CPU."""
-    return int(params.get("trials") or (5 if params["device"] == "cuda" else 3))
-
-
-def cost_rounds(params: dict, *, default_gpu: int = 15, default_cpu: int = 7) -> int:
-    """Paired timing rounds per cost (>= 6 for a 95 % interval of the median that is not just min–max)."""
-    v = params.get("cost_rounds")
-    return int(v) if v is not None else (default_gpu if params["device"] == "cuda" else default_cpu)

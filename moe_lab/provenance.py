@@ -1,7 +1,7 @@
 """Where a number came from: moe_lab version and git commit, torch / CUDA / cuBLAS / NCCL / driver / GPU (name and
 UUID), the CPU (model, the ISA flags that pick kernels, torch's CPU capability, the oneDNN / BLAS build: CPU GEMMs are
-batch invariant on some CPUs only, #26), megatron-core, and the environment variables and torch switches that change
-numerics (#14). Runs on both sides: the controller adds the commit, each engine its own libraries and switches (they
+batch invariant on some CPUs only), megatron-core, and the environment variables and torch switches that change
+numerics. Runs on both sides: the controller adds the commit, each engine its own libraries and switches (they
 are what its kernels ran under)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parent
 def code_version() -> dict:
     """moe_lab's version, git commit and whether the tree was dirty, and a hash of the package's sources (what a
     resumed run must share with the records it reuses)."""
-    from . import __version__
+    from .version import __version__
 
     h = hashlib.sha256()
     for f in sorted(PACKAGE.rglob("*.py")) + sorted(PACKAGE.rglob("*.json")):

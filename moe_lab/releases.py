@@ -1,4 +1,4 @@
-"""What each megatron-core release has, torch-free (#22 item 4): the releases the lab builds per Python, version
+"""What each megatron-core release has, torch-free: the releases the lab builds per Python, version
 parsing and detection, the first release of each option and feature, and `check_config` — the one place a layer config
 is checked against a release, on the controller before an engine runs it. The engine side (shims, building a
 MoELayer) is `engine/compat.py`; nothing here imports torch or megatron-core (a version is read from package

@@ -1,13 +1,17 @@
-"""results.json: tidy records appended atomically (write-then-rename), read back as pandas DataFrames."""
+"""results.json: tidy records appended atomically (write-then-rename) in the current schema (`records.SCHEMA`), read
+back through `records.upgrade` (every committed schema), as pandas DataFrames."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import lzma
 import os
 import tempfile
 from pathlib import Path
+
+from . import records as _records
 
 logger = logging.getLogger(__name__)
 
@@ -17,17 +21,23 @@ class ResultsFileError(RuntimeError):
 
 
 def load(path: str | os.PathLike) -> list[dict]:
+    """The records in `path`; a missing results.json is read from results.json.xz beside it (a published report's
+    records, lzma-compressed), a missing file of neither kind is no records."""
     p = Path(path)
+    if not p.exists() and p.with_name(p.name + ".xz").is_file():
+        p = p.with_name(p.name + ".xz")
     if not p.exists():
         return []
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(lzma.decompress(p.read_bytes()).decode() if p.suffix == ".xz" else p.read_text())
+    except lzma.LZMAError as e:
+        raise ResultsFileError(f"{p} is not lzma-compressed JSON ({e}); it was not overwritten") from None
     except json.JSONDecodeError as e:
         raise ResultsFileError(f"{p} is not valid JSON ({e}); move it aside or delete it, it was not overwritten") from None
     except UnicodeDecodeError as e:
         raise ResultsFileError(f"{p} is not UTF-8 text ({e}); move it aside or delete it, "
                                "it was not overwritten") from None
-    except OSError as e:  # a directory, unreadable, a broken mount: the path and why, never a traceback (#25)
+    except OSError as e:  # a directory, unreadable, a broken mount: the path and why, never a traceback
         raise ResultsFileError(f"{p} cannot be read ({e.strerror or type(e).__name__}); fix or move it, or give "
                                "another --out") from None
     if not isinstance(data, list):
@@ -36,7 +46,15 @@ def load(path: str | os.PathLike) -> list[dict]:
     bad = [i for i, r in enumerate(data) if not isinstance(r, dict)]
     if bad:
         raise ResultsFileError(f"{p}: entries {bad[:5]} are not records (JSON objects); it was not overwritten")
-    return data
+    return _upgraded(p, data)
+
+
+def _upgraded(p: Path, data: list[dict]) -> list[dict]:
+    """Every record in the current schema (`records.upgrade`: the one reader of every committed schema)."""
+    try:
+        return [_records.upgrade(r) for r in data]
+    except ValueError as e:
+        raise ResultsFileError(f"{p}: {e}; it was not overwritten") from None
 
 
 def append(path: str | os.PathLike, records: list[dict], **common) -> list[dict]:
@@ -48,7 +66,7 @@ def append(path: str | os.PathLike, records: list[dict], **common) -> list[dict]
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    new = [{**common, **r} for r in records]
+    new = [_records.stamp({**common, **r}) for r in records]  # written in the current schema
     with _locked(p.parent):
         data = load(p) + new  # raises ResultsFileError on a bad file: nothing is written then
         fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
@@ -57,7 +75,7 @@ def append(path: str | os.PathLike, records: list[dict], **common) -> list[dict]
                 json.dump(data, f, indent=1, default=_default)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report file gets ordinary permissions (#16)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a report file gets ordinary permissions
             os.replace(tmp, p)
         except BaseException:
             if os.path.exists(tmp):

@@ -1,4 +1,4 @@
-"""Pure statistics of timings, one definition everywhere (#12, #14): a cost is the median over paired rounds of
+"""Pure statistics of timings, one definition everywhere: a cost is the median over paired rounds of
 (slowest rank's time with the change) / (slowest rank's time without it), with a distribution-free 95 % confidence
 interval of that median (order statistics); an A/A run (plain against plain, same protocol) gives the noise floor.
 A cost whose interval overlaps the noise floor's is "no measurable cost", and costs inside the noise are never

@@ -29,10 +29,10 @@ class CpuGemm:
 
     def __init__(self):
         from moe_lab import profiles
-        from moe_lab.experiments import truncation
+        from moe_lab.questions.truncation import experiment as truncation
 
         p = profiles.load("cpu")
-        self.profile_shapes = ((p["hidden"], p["ffn_hidden"]), (p["ffn_hidden"], p["hidden"]))  # fc1, fc2 (K, N)
+        self.profile_shapes = ((p.layer.hidden, p.layer.ffn_hidden), (p.layer.ffn_hidden, p.layer.hidden))  # fc1, fc2 (K, N)
         self.profile_ms = tuple(truncation.kernel_ms("cpu"))  # notebook 04's kernel probe
 
     @functools.lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """The types of `moe-lab`'s flags: each value is checked where it is parsed, so bad input is one line and exit 2
-before anything starts (#25) — counts >= 1, finite timeouts a timer can hold, non-empty names, notebook lists
+before anything starts — counts >= 1, finite timeouts a timer can hold, non-empty names, notebook lists
 without repeats."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`moe-lab`: parse, check, call, exit code — the one error contract of every command (#16):
+"""`moe-lab`: parse, check, call, exit code — the one error contract of every command:
 
 - bad input (a value, a file, a profile, an unwritable --out): one line on stderr, exit 2, before any engine starts;
 - a cluster fault (an engine died, a collective failed or hung, a call timed out): one line naming the rank, engine,
@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute the numbered notebooks with papermill and render HTML reports")
     r.add_argument("--profile", type=_nonempty("--profile"), default=None, help="cpu | gpu | path to a JSON profile (default: gpu if a GPU is visible)")
     r.add_argument("--only", type=_notebooks, default=None, help="comma list of notebook numbers, e.g. 01,03")
-    r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value")
-    r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>)")
+    r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value or section.field=value (e.g. training.steps=5, layer.seq_len=256, run.trials=2)")
+    r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>, git-ignored; never reports/published/ "
+                   "or a folder of files git tracks)")
     r.add_argument("--timeout", type=_seconds, default=None, help="seconds per notebook (default 1800)")
     add_launcher_arguments(r)
 
@@ -104,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = fnd.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="every finding as JSON (one object per report)")
     fmt.add_argument("--markdown", action="store_true", help="the card findings as markdown")
-    fmt.add_argument("--readme", action="store_true", help="rewrite README.md's findings block from the committed "
-                                                         "reports (findings.readme.REPORTS)")
+    fmt.add_argument("--published", action="store_true", help="rewrite reports/published/FINDINGS.md from the "
+                                                            "published reports' records")
 
     from . import bench
 
@@ -168,7 +169,7 @@ def cmd_wheelhouse(a) -> int:
     from ..fsio import writable_dir
     from ..tools import wheelhouse
 
-    writable_dir(a.out, "-o")  # a path under a file or in /proc: one line before anything is downloaded (#25)
+    writable_dir(a.out, "-o")  # a path under a file or in /proc: one line before anything is downloaded
     mvs = tuple(v for v in a.megatron.split(",") if v)
     wheels = wheelhouse.build(a.out, python=a.python, platform=a.platform, megatron_versions=mvs,
                               jupyterlab=a.jupyterlab)
@@ -183,7 +184,7 @@ def cmd_compare(a) -> int:
     ra, rb = load_report(a.a)[1], load_report(a.b)[1]
     try:
         text = compare.summary(ra, rb, factor=a.factor)
-    except (KeyError, TypeError, AttributeError) as e:  # records of another schema (#25: KeyError 'dispatcher')
+    except (KeyError, TypeError, AttributeError) as e:  # records of another schema (KeyError 'dispatcher')
         what = f"the field {e}" if isinstance(e, KeyError) else f"a field of the expected type ({e})"
         raise ValueError(f"{a.a} / {a.b}: a record lacks {what}, so the two reports cannot be compared (an older "
                          "schema?); `moe-lab findings` reads either one alone") from None
@@ -197,8 +198,8 @@ def load_report(p: str) -> tuple[Path, list[dict]]:
 
     path = Path(p)
     path = path / "results.json" if path.is_dir() else path
-    if not path.is_file():
-        raise ValueError(f"{p}: no results.json there (give a report folder, e.g. reports/cpu-2026-12-02)")
+    if not path.is_file() and not path.with_name(path.name + ".xz").is_file():  # published: results.json.xz
+        raise ValueError(f"{p}: no results.json there (give a report folder, e.g. reports/published/gpu-h200x1-2026-12-01)")
     try:
         records = results.load(path)
     except OSError as e:
@@ -207,27 +208,31 @@ def load_report(p: str) -> tuple[Path, list[dict]]:
 
 
 def cmd_findings(a) -> int:
-    from ..findings import readme, registry, render
+    from .. import questions
+    from ..findings import render
+    from ..reporting import published
 
-    if a.readme:
+    if a.published:
         root = Path(__file__).resolve().parents[2]
-        changed = readme.update(root / "README.md", root)
-        print(f"README.md findings block {'rewritten' if changed else 'already matches the reports'}")
+        changed = published.update(root / published.FILE, root)
+        print(f"{published.FILE} {'rewritten' if changed else 'already matches the published reports'}")
+        changed = published.update_readme_table(root / "README.md")
+        print(f"README.md question table {'rewritten' if changed else 'already matches the registry'}")
         return 0
     if not a.report:
-        raise ValueError("give a report folder (e.g. reports/cpu-2026-12-02), or --readme")
+        raise ValueError("give a report folder (e.g. reports/published/gpu-h200x1-2026-12-01), or --published")
     out = []
     for p in a.report:
         folder, records = load_report(p)
-        by_nb = registry.findings(records)
+        by_nb = questions.findings(records)
         if a.json:
             out.append({"report": str(folder), "records": len(records),
                         "findings": {nb: [f.to_dict() for f in fs] for nb, fs in by_nb.items()},
-                        "headlines": {nb: registry.headline(fs) for nb, fs in by_nb.items()}})
+                        "headlines": {nb: render.headline(fs) for nb, fs in by_nb.items()}})
         elif a.markdown:
             out.append(render.markdown(folder.name, by_nb))
         else:
-            out.append(f"# {folder} ({len(records)} records)\n" + render.terminal(by_nb))
+            out.append(f"# {folder} ({len(records)} records)\n" + render.terminal(by_nb, {q.number: q.name for q in questions.QUESTIONS}))
     print(json.dumps(out if len(out) > 1 else out[0], indent=1, default=str) if a.json else "\n\n".join(out))
     return 0
 

@@ -115,5 +115,20 @@ def cmd(a) -> int:
 
         recs = protocol.run(probe, cluster=c, cases=cases, on_record=show, notebook="")
     if not a.json:  # the summary: notebook 01's findings over these records, as every report renders them
-        print(probe.verdict(recs), file=sys.stderr)
+        print(summary(recs), file=sys.stderr)
     return 0
+
+
+def summary(records: list[dict]) -> str:
+    """`moe-lab probe`'s summary: notebook 01's findings over the probe's records, rendered — one block per layer when
+    several were probed (`--model a,b`), titled with the layer (its preset and features)."""
+    from ..findings import render
+    from ..findings.model import subject_of
+    from ..questions.reproduce import findings as found
+
+    by_layer: dict[str, list[dict]] = {}
+    for r in records:
+        by_layer.setdefault(subject_of(r)["layer"], []).append(r)
+    if len(by_layer) <= 1:
+        return render.verdict(found.findings(records))
+    return "\n\n".join(render.verdict(found.findings(rs), title=f"{layer}:") for layer, rs in by_layer.items())

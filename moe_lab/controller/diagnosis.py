@@ -1,8 +1,9 @@
 """Controller side: why a call on the engines failed — which rank, doing what — from remote tracebacks, the engine
 processes and stack dumps the engines write on SIGUSR1. Pure functions, except `where` (signals engines on this host)
-and, at the end, a cluster's failure reports (`raise_*`: they read the cluster's processes and stop its engines).
+and, at the end, a cluster's failure reports (`raise_*`: they read the cluster's processes; the Cluster stops its
+engines where the error says `stopped`).
 
-Blame rule for a collective that failed or hung (#16): a rank is named only if it is the cause — it returned without
+Blame rule for a collective that failed or hung: a rank is named only if it is the cause — it returned without
 calling the collective, it is busy outside any collective, or its process is gone. Ranks that report the same
 collective's timeout, or whose stack shows them waiting in it, are its victims and are never named as the cause.
 """
@@ -201,9 +202,10 @@ def collective_of_error(e: BaseException) -> tuple[str | None, str | None]:
     return _collective_of(_remote_frames(e))
 
 
-# ---------------------------------------------------------------------- a cluster's failures (#22: diagnosis lives
-# here): which of its engines ended and how, and the ClusterError each kind of failure raises (the engines stopped
-# first where the process group cannot go on). `cluster` is a controller.cluster.Cluster.
+# ---------------------------------------------------------------------- a cluster's failures (diagnosis lives
+# here): which of its engines ended and how, and the ClusterError each kind of failure raises (`stopped` where the
+# process group cannot go on: the Cluster stops its engines before the error reaches its caller). `cluster` is the
+# cluster's controller.state.ClusterState; nothing here stops or changes it.
 def dead_ranks(cluster) -> dict[int, str]:
     """rank → how its engine ended, for every engine whose process is gone (or that left the controller)."""
     dead = {}
@@ -221,10 +223,10 @@ def dead_ranks(cluster) -> dict[int, str]:
                 continue
         if eid not in registered:
             # An engine's nanny tells the hub as soon as the engine's pipe closes, while the kernel is still
-            # ending the process: wait for it to end, so the report carries its signal or exit code (#16).
+            # ending the process: wait for it to end, so the report carries its signal or exit code.
             if proc and proc["node"] == here and wait_gone(proc["pid"]):
                 dead[rank] = exit_status(cluster, proc["pid"]) or processes.pid_gone(proc["pid"]) or "process gone"
-            else:  # a stopped engine misses its heartbeats: the hub drops it while its process lives (#25)
+            else:  # a stopped engine misses its heartbeats: the hub drops it while its process lives
                 state = process_state(proc["pid"]) if proc and proc["node"] == here else None
                 dead[rank] = "unregistered from the controller" + (f": it is {state}" if state else "")
     return dead
@@ -292,7 +294,6 @@ def raise_if_dead(cluster, what: str, errors: dict) -> None:
         pid = cluster.procs[rank]["pid"] if rank < len(cluster.procs) else "?"
         verb = "was dropped" if how.startswith("unregistered from the controller: it is") else "died"
         parts.append(f"rank {rank} (engine {cluster.engine_ids[rank]}, pid {pid}) {verb} during {what} ({how})")
-    cluster.stop(graceful=False)
     raise ClusterError("; ".join(parts) + "; the other engines were stopped: start the cluster again",
                        kind="died", ranks=sorted(dead), stopped=True)
 
@@ -307,7 +308,6 @@ def raise_failed(cluster, what, ranks, errors, pending) -> None:
     # The others wait for it in a collective that can only time out and break the process group.
     msg += (f"; rank(s) {waiting} are {where[waiting[0]][1]} for it, which can only time out: the engines were "
             "stopped, start the cluster again")
-    cluster.stop(graceful=False)
     raise ClusterError(msg, kind="failed", ranks=[ranks[i]], stopped=True) from errors[i]
 
 def raise_collective(cluster, what, ranks, results, errors, pending, elapsed) -> None:
@@ -327,7 +327,6 @@ def raise_collective(cluster, what, ranks, results, errors, pending, elapsed) ->
     else:
         msg += "; every rank entered it, so the cause is in the collective itself (network, backend, a peer)"
     msg += ". The process group is broken: the engines were stopped, start the cluster again"
-    cluster.stop(graceful=False)
     raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True) from first
 
 def raise_timeout(cluster, what, ranks, results, pending, timeout) -> None:
@@ -343,7 +342,6 @@ def raise_timeout(cluster, what, ranks, results, pending, timeout) -> None:
         msg += (f"; hung collective {where[in_coll[0]][0]}: rank(s) {culprits} did not join it ("
                 + "; ".join(f"{n} ({who(cluster, r)})" for r, n in zip(culprits, notes))
                 + "). The engines were stopped, start the cluster again")
-        cluster.stop(graceful=False)
         raise ClusterError(msg, kind="collective", ranks=culprits, stopped=True)
     stopped = [r for r in waiting if where.get(r, (None, ""))[1].startswith("stopped")]
     if stopped:

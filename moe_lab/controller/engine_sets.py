@@ -1,4 +1,4 @@
-"""The controller's one owner of engine sets for a run of cases (#22): which cluster serves the next group of
+"""The controller's one owner of engine sets for a run of cases: which cluster serves the next group of
 cases, which is launched early for the group after it, and which are stopped at the end.
 
 Three kinds of cluster pass through it:

@@ -1,4 +1,4 @@
-"""Controller side: Ctrl-C, SIGTERM and SIGHUP under every moe-lab command (#25 item 4).
+"""Controller side: Ctrl-C, SIGTERM and SIGHUP under every moe-lab command.
 
 The first signal raises KeyboardInterrupt in the main thread, so clusters, the runner and the notebooks' kernels clean
 up exactly as for Ctrl-C; before that it notes every process this one has started (its descendants: kernels,

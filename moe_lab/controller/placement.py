@@ -93,4 +93,33 @@ def gpu_free_bytes(n: int) -> list[int]:
     return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
 
 
-__all__ = ["visible_gpus", "gpu_name", "default_config", "gpu_free_bytes"]
+def from_settings(settings, *, engines: int | None = None) -> ClusterConfig:
+    """The cluster of a run config's `ClusterSettings` (plain data; `engines` overrides its own), built when a cluster
+    is about to start or by the runner's preflight before anything launches: the GPUs are probed here (never when a
+    profile loads), a side-by-side release is looked up, and a launcher and its options are checked."""
+    from .launchers import launcher_settings
+
+    if settings.megatron:
+        from ..release_dirs import path_for
+
+        path_for(settings.megatron)  # installed side by side? (one line saying how if not)
+    ccfg = default_config(device=settings.device, engines=engines or default_engines(settings), gpus=settings.gpus,
+                          timeout_s=float(settings.timeout_s), tp=settings.tp,
+                          start_timeout_s=float(settings.start_timeout_s), launcher=settings.launcher,
+                          launcher_options=settings.options())
+    launcher_settings(ccfg)
+    return ccfg
+
+
+def default_engines(settings) -> int | None:
+    """A `ClusterSettings`' engines; 0 means the device's default: one per GPU — or, on a machine with ONE GPU,
+    `one_gpu_engines` ranks sharing it (virtual EP: the seed report's EP=4 on one GPU); 4 on CPU."""
+    if settings.engines:
+        return settings.engines
+    if settings.device == "cuda" and settings.one_gpu_engines and settings.launcher == "local":
+        if visible_gpus() == 1:
+            return int(settings.one_gpu_engines)
+    return None
+
+
+__all__ = ["visible_gpus", "gpu_name", "default_config", "gpu_free_bytes", "from_settings", "default_engines"]

@@ -68,7 +68,7 @@ def for_run(config: ClusterConfig, path: Path):
         os.environ.pop(ENV, None)
         try:
             path.unlink(missing_ok=True)
-        except OSError as e:  # a report folder made read-only mid-run: the cluster is stopped all the same (#25)
+        except OSError as e:  # a report folder made read-only mid-run: the cluster is stopped all the same
             logger.info("could not remove %s (%s)", path, e.strerror or e)
         cluster.stop(graceful=ok)
 

@@ -1,17 +1,14 @@
 """Controller side: a cluster's next engine set, launched before it is needed (by `Cluster.launch`, `prestart` or
 `Cluster.restart_engines`): its engines register while the current ones work, `warm` starts their slow imports, and
-`bring_up.take_spare` makes them the cluster's engines. `cluster` is a Cluster; its spare set is `cluster._spare`."""
+`bring_up.take_spare` makes them the cluster's engines. `state` is the cluster's ClusterState; its spare set is
+`state.spare`."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
-
 from ..config import ClusterConfig
-
-if TYPE_CHECKING:
-    from .cluster import Cluster
+from .state import ClusterState
 
 logger = logging.getLogger("moe_lab.controller.cluster")  # a cluster's log, whichever module does the work
 
@@ -22,35 +19,35 @@ def spare(engine_set, previous: set) -> dict:
     return {"set": engine_set, "previous": previous, "ids": None, "warmed": None}
 
 
-def prestart(cluster: Cluster) -> bool:
+def prestart(state: ClusterState) -> bool:
     """Launch the engine set the next `restart_engines` will use, now (Cluster.prestart); True if a spare set is up
     or on its way."""
-    if cluster.client is None or cluster.attached or cluster.config.launcher != "local":
+    if state.client is None or state.attached or state.config.launcher != "local":
         return False
-    if cluster._spare is None:
-        previous = registered(cluster.client)
-        cluster._spare = spare(cluster._ipp.start_engines_sync(n=cluster.config.engines), previous)
-        logger.info("launched %d spare engines for the next restart", cluster.config.engines)
+    if state.spare is None:
+        previous = registered(state.client)
+        state.spare = spare(state.ipp.start_engines_sync(n=state.config.engines), previous)
+        logger.info("launched %d spare engines for the next restart", state.config.engines)
     return True
 
 
-def warm(cluster: Cluster, /, **changes) -> bool:
+def warm(state: ClusterState, /, **changes) -> bool:
     """Non-blocking: the spare engines' imports for the config `changes` gives, once they have registered
     (Cluster.warm); True once the imports are on their way."""
-    sp = cluster._spare
-    if sp is None or cluster.client is None:
+    sp = state.spare
+    if sp is None or state.client is None:
         return False
     if sp["warmed"] is not None:
         return True
-    new = sorted(eid for eid, _ in registered(cluster.client) - sp["previous"])
-    if len(new) < cluster.config.engines:
+    new = sorted(eid for eid, _ in registered(state.client) - sp["previous"])
+    if len(new) < state.config.engines:
         return False
     from ..engine import dist
 
-    sp["ids"] = new[: cluster.config.engines]
-    sp["warmed"] = prepare_args(cluster.config.replace(**changes) if changes else cluster.config)
+    sp["ids"] = new[: state.config.engines]
+    sp["warmed"] = prepare_args(state.config.replace(**changes) if changes else state.config)
     for eid in sp["ids"]:
-        cluster.client[eid].apply_async(dist.prepare, **dict(sp["warmed"]))
+        state.client[eid].apply_async(dist.prepare, **dict(sp["warmed"]))
     return True
 
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as tdist
 
 from . import compat
+from .forward_pass import forward, sync as device_sync
 
 _COLLECTIVES = ("all_gather_into_tensor", "_all_gather_base", "all_gather", "reduce_scatter_tensor",
                 "_reduce_scatter_base", "reduce_scatter", "all_to_all_single", "all_reduce", "broadcast")
@@ -43,6 +44,15 @@ class Cache:
             self.tensors[name] = value.detach().clone()
             if self.want_grads and value.requires_grad:
                 value.register_hook(lambda g, name=name: self._add_grad(name, g))
+
+    @contextlib.contextmanager
+    def in_stage(self, name: str):
+        """Collectives issued in the block are booked in the ledger under stage `name` (e.g. "backward")."""
+        self._stage.append(name)
+        try:
+            yield self
+        finally:
+            self._stage.pop()
 
     def _add_grad(self, name: str, g) -> None:
         if g is not None:
@@ -208,13 +218,13 @@ def collective_timer(acc: dict | None, sync=None):
     each call is timed between a device sync before it (GPU work queued earlier is not booked as transport) and one
     after it (an asynchronous collective is booked whole). A collective a wrapped one calls is not booked twice.
     Values are untouched: the wrapper only calls the original and reads the clock. `sync` defaults to the engine's
-    (toolkit.sync: CUDA synchronize on GPU engines, nothing on CPU).
+    (forward_pass.sync: CUDA synchronize on GPU engines, nothing on CPU).
 
     Yields a one-item list holding the dict booked into: set [0] to another dict to book elsewhere, or to None to
     pause (the wrappers then only call the originals, no sync, no clock) — so a caller timing many calls installs
     the wrappers once (patching scans megatron's modules: milliseconds) and books only the calls it times."""
     if sync is None:
-        from .toolkit import sync
+        sync = device_sync
     box = [acc]
     depth = [0]
     clock = time.perf_counter
@@ -245,9 +255,7 @@ def collective_timer(acc: dict | None, sync=None):
 
 def run_with_capture(layer, tokens: torch.Tensor, names_filter=None, *, hidden: int, num_experts: int):
     """One forward of `layer` with stage capture and the collective ledger → (out, cache)."""
-    from . import toolkit  # its forward feeds a sequence-parallel layer its slice and gathers the output
-
     cache = Cache()
     with capture_hooks(layer, cache, names_filter), collective_ledger(cache, hidden=hidden, num_experts=num_experts):
-        out = toolkit.forward(layer, tokens)
+        out = forward(layer, tokens)  # feeds a sequence-parallel layer its slice and gathers the output
     return out, cache

@@ -287,7 +287,7 @@ def fp32_gather_grad_reduce():
         td.gather_from_sequence_parallel_region = orig
 
 
-# ---------------------------------------------------------------------------------------------- training (#24)
+# ---------------------------------------------------------------------------------------------- training
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ def identify(stack_file: str | None = None) -> dict:
     """Where this engine runs (pid, host, main thread), so the controller can watch it; the first call on an engine.
 
     With `stack_file`, SIGUSR1 makes the engine append every thread's Python stack to it, even while it is blocked
-    in a collective: the controller uses that to say which rank waits where when a call hangs (#7).
+    in a collective: the controller uses that to say which rank waits where when a call hangs.
     """
     if stack_file:
         old = STATE.pop("stack_fh", None)

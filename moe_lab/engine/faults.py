@@ -1,4 +1,4 @@
-"""Fault injection for the reliability tests (#7): engine-side functions that hang, skip collectives, or die."""
+"""Fault injection for the reliability tests: engine-side functions that hang, skip collectives, or die."""
 
 from __future__ import annotations
 

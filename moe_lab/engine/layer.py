@@ -13,6 +13,7 @@ import torch
 from ..config import ROUTER_FEATURES, MoEConfig
 from . import compat
 from .dist import STATE, init_parallel_state
+from .forward_pass import forward
 
 logger = logging.getLogger(__name__)
 
@@ -21,21 +22,21 @@ INIT_STD = 0.02  # megatron's default init_method_std
 _LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed",
                "options", "etp", "sequence_parallel") + ROUTER_FEATURES
 MAX_LAYERS = 2  # layers kept per engine: a case's and the plain one its cost is paired with
-_EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
+EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _SHARED_PARAM = re.compile(r"shared_experts\.(linear_fc1|linear_fc2)\.weight$")
 EXPERT_BIAS_STD = 0.01
 """The seeded aux-loss-free expert bias (megatron starts it at zero and learns it; a zero bias would not change which
 experts win, so the lab draws it: it is a function of (seed, global expert) like every weight)."""
 
 
-def _generator(device: torch.device, seed: int, *key) -> torch.Generator:
+def generator(device: torch.device, seed: int, *key) -> torch.Generator:
     """A generator seeded from (seed, key): draws depend only on what is drawn, never on call order."""
     h = zlib.crc32(repr((seed,) + key).encode())
     return torch.Generator(device=device).manual_seed(h)
 
 
 def _normal(shape, device, seed, *key) -> torch.Tensor:
-    g = _generator(device, seed, *key)
+    g = generator(device, seed, *key)
     return torch.randn(shape, generator=g, device=device, dtype=torch.float32) * INIT_STD
 
 
@@ -57,7 +58,7 @@ def init_weights(layer, cfg: MoEConfig, *, ep_rank: int, tp_rank: int, tp: int, 
             p.copy_(full.to(p.dtype))
             n += 1
             continue
-        m, s = _EXPERT_PARAM.search(name), _SHARED_PARAM.search(name)
+        m, s = EXPERT_PARAM.search(name), _SHARED_PARAM.search(name)
         if m is not None:
             key, kind, r, size = ("expert", ep_rank * num_local + int(m.group(1))), m.group(2), etp_rank, etp
         elif s is not None:  # the shared expert is replicated over EP, sharded over TP
@@ -98,7 +99,7 @@ def _num_local(layer) -> int:
 
 def make_tokens(cfg: MoEConfig, device: torch.device) -> torch.Tensor:
     """[seq_len, 1, hidden] standard-normal tokens in cfg.dtype, identical on every rank (seeded, not broadcast)."""
-    g = _generator(device, cfg.seed, "tokens")
+    g = generator(device, cfg.seed, "tokens")
     x = torch.randn((cfg.seq_len, 1, cfg.hidden), generator=g, device=device, dtype=torch.float32)
     return x.to(compat.torch_dtype(cfg.dtype))
 
@@ -113,7 +114,7 @@ def truncate(tokens: torch.Tensor, cut: int) -> torch.Tensor:
     return t
 
 
-def _parallel_state(cfg: MoEConfig) -> int:
+def parallel_state_for(cfg: MoEConfig) -> int:
     """megatron's parallel_state for this layer's layout on this world (re-initialised only when it changes)."""
     import torch.distributed as tdist
 
@@ -122,7 +123,7 @@ def _parallel_state(cfg: MoEConfig) -> int:
     return lay.ep
 
 
-def _build(cfg: MoEConfig):
+def build(cfg: MoEConfig):
     """A freshly built layer for `cfg` (parallel_state already set), every tensor seeded → (layer, tensors seeded)."""
     from megatron.core import parallel_state as ps
 
@@ -136,9 +137,16 @@ def _build(cfg: MoEConfig):
     return layer, n
 
 
+def fresh_layers(cfg: MoEConfig, n: int) -> list:
+    """`n` freshly built (uncached) layers for `cfg`, layer i seeded from seed + i, after parallel_state is set for
+    the config's layout: the one build path of a stack (`get_stack`, the training stack `train.build_stack`)."""
+    parallel_state_for(cfg)
+    return [build(cfg.replace(seed=cfg.seed + i))[0] for i in range(n)]
+
+
 def get_layer(cfg: MoEConfig):
     """The MoE layer for `cfg` on this rank, built once per layer-defining config (a warm cluster reuses it)."""
-    _parallel_state(cfg)
+    parallel_state_for(cfg)
     key = tuple(getattr(cfg, k) for k in _LAYER_KEYS)
     layers = STATE.setdefault("layers", {})
     if key in layers:
@@ -148,7 +156,7 @@ def get_layer(cfg: MoEConfig):
             layers.pop(next(iter(layers)))
         if STATE["device"] == "cuda":
             torch.cuda.empty_cache()
-        layer, n = _build(cfg)
+        layer, n = build(cfg)
         names = [name for name, _ in layer.named_parameters()]
         if n != len(names):  # megatron's init is off (perform_initialization=False): every tensor must be seeded
             raise RuntimeError(f"megatron-core {compat.installed_version()}: seeded {n} of {len(names)} parameters "
@@ -160,18 +168,19 @@ def get_layer(cfg: MoEConfig):
 def output_fingerprint(cfg_dict: dict) -> dict:
     """This rank's forward of its layer for `cfg_dict` on the config's tokens: the output's fingerprint, the routing
     map's and the number of tokens routed (what shows that a router feature reached megatron's layer)."""
-    from . import toolkit
     from .. import metrics
 
-    case = toolkit.setup(cfg_dict)
+    cfg = MoEConfig(**cfg_dict)
+    layer = get_layer(cfg)
+    tokens = make_tokens(cfg, STATE["torch_device"])
     seen = {}
 
     def keep(_mod, _inp, out):
         seen["probs"], seen["map"] = out[0], out[1]
 
-    hook = case.layer.router.register_forward_hook(keep)
+    hook = layer.router.register_forward_hook(keep)
     try:
-        out = toolkit.forward(case.layer, case.tokens)
+        out = forward(layer, tokens)
     finally:
         hook.remove()
     return {"out": metrics.fingerprint(out), "routing_map": metrics.fingerprint(seen["map"]),
@@ -202,7 +211,5 @@ def get_stack(cfg: MoEConfig, n: int, *, distinct: bool):
         if not distinct:
             stacks[key] = [get_layer(cfg)] * n
         else:
-            _parallel_state(cfg)
-            out = [_build(cfg.replace(seed=cfg.seed + i))[0] for i in range(n)]
-            stacks[key] = out
+            stacks[key] = fresh_layers(cfg, n)
     return stacks[key]

@@ -14,8 +14,10 @@ import torch.distributed as tdist
 
 from .. import metrics
 from ..config import MoEConfig
-from . import compat, layer as layer_mod
+from . import layer as layer_mod
+from .capture import collective_timer
 from .dist import STATE
+from .forward_pass import forward, gather_sequence, sync  # the forward pass, re-exported: toolkit.forward
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,6 @@ def setup(cfg_dict: dict) -> CaseSetup:
     return CaseSetup(cfg=cfg, layer=layer, tokens=layer_mod.make_tokens(cfg, STATE["torch_device"]))
 
 
-def sync() -> None:
-    if STATE.get("device") == "cuda":
-        torch.cuda.synchronize()
-
-
 def set_deterministic(on: bool) -> None:
     # warn_only: ops without a deterministic kernel warn instead of raising; megatron's unpermute checks
     # are_deterministic_algorithms_enabled() and switches scatter_add_ → index_add_.
@@ -65,37 +62,6 @@ def deterministic(on: bool = True):
         yield
     finally:
         torch.use_deterministic_algorithms(prev, warn_only=warn)
-
-
-def forward(layer, tokens, padding_mask=None, *, grad: bool = False) -> torch.Tensor:
-    """One MoE forward (no autograd) of the whole [seq, 1, hidden] input, finished on the device before it returns.
-    With sequence parallelism each TP rank feeds its 1/tp of the tokens and the output is gathered over TP (a copy,
-    no arithmetic), so every rank returns the whole output whatever the layout."""
-    if not getattr(layer.config, "sequence_parallel", False):
-        out = compat.moe_forward(layer, tokens, padding_mask, grad=grad)
-        sync()
-        return out
-    from megatron.core import parallel_state as ps
-
-    tp, r = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
-    part = tokens.chunk(tp, dim=0)[r].contiguous()
-    mask = padding_mask.chunk(tp, dim=1)[r].contiguous() if padding_mask is not None else None  # [bsz, seq]
-    out = compat.moe_forward(layer, part, mask, grad=grad)
-    return gather_sequence(layer, out)
-
-
-def gather_sequence(layer, t: torch.Tensor) -> torch.Tensor:
-    """A per-token tensor of a sequence-parallel layer ([tokens/tp, ...] on each TP rank) gathered over TP into the
-    whole [tokens, ...] (a copy, no arithmetic); unchanged without sequence parallelism."""
-    if not getattr(layer.config, "sequence_parallel", False):
-        return t
-    from megatron.core import parallel_state as ps
-
-    t = t.contiguous()
-    parts = [torch.empty_like(t) for _ in range(ps.get_tensor_model_parallel_world_size())]
-    tdist.all_gather(parts, t, group=ps.get_tensor_model_parallel_group())
-    sync()
-    return torch.cat(parts, dim=0)
 
 
 def world() -> int:
@@ -170,12 +136,7 @@ def compare_any(a: torch.Tensor, b: torch.Tensor) -> dict:
     """metrics.compare for float tensors; exact element equality for bool/int (no ULPs there)."""
     if a.is_floating_point():
         return metrics.compare(a, b)
-    ne = int((a != b).sum())
-    n = a.numel()
-    return {"numel": n, "n_mismatch": ne, "mismatch_frac": ne / n if n else 0.0, "bitwise_equal": ne == 0,
-            "max_abs": float((a.to(torch.float64) - b.to(torch.float64)).abs().max()) if n else 0.0,
-            "max_rel": float("nan"), "max_ulp": float("nan"), "mean_ulp": float("nan"),
-            "allclose_1e3": ne == 0, "assert_close": ne == 0}
+    return metrics.compare_exact(a, b)
 
 
 def compare_identical(t: torch.Tensor) -> dict:
@@ -249,8 +210,6 @@ def paired_rounds(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = Fal
     collectives pass through the paused wrappers). The wrapper's overhead is measured by timing one forward both ways
     (tools.bench_engine.time_collective_timer). The controller turns every rank's result into a cost
     (stats.paired_cost)."""
-    from .capture import collective_timer
-
     names = list(fns)
     timed = set(names) if collectives is True else set() if collectives is False else set(collectives) & set(names)
     wall: dict[str, list[float]] = {m: [] for m in names}

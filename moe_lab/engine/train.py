@@ -1,4 +1,4 @@
-"""Runs on engines: a data-parallel training step over a stack of megatron-core MoE layers (#24) with megatron's
+"""Runs on engines: a data-parallel training step over a stack of megatron-core MoE layers with megatron's
 gradient arithmetic and optimizer semantics, and what every step leaves behind (loss, gradient norm, weight
 fingerprints and sketches, the routing of every layer).
 
@@ -33,6 +33,7 @@ from ..config import MoEConfig
 from ..layout import Layout
 from . import compat, layer as layer_mod
 from .dist import STATE
+from .forward_pass import stack_forward
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +68,9 @@ def build_stack(cfg: MoEConfig, layers: int, *, layout: Layout, precision: str =
     layer i seeded from seed + i: expert g's weights depend on (seed, i, g) only, never on the layout."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision ({precision!r}) must be one of {', '.join(PRECISIONS)}")
-    cfg = cfg.replace(tp=layout.tp, ep=layout.ep, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
-                      sequence_parallel=layout.sequence_parallel, dtype="fp32" if precision == "fp64" else cfg.dtype)
-    layer_mod._parallel_state(cfg)  # the one build path: parallel_state for the layout, then build + seed each layer
-    return [layer_mod._build(cfg.replace(seed=cfg.seed + i))[0].to(PRECISIONS[precision]) for i in range(layers)]
+    cfg = cfg.at(layout).replace(dtype="fp32" if precision == "fp64" else cfg.dtype)
+    # the one build path: parallel_state for the layout, then build + seed each layer
+    return [lyr.to(PRECISIONS[precision]) for lyr in layer_mod.fresh_layers(cfg, layers)]
 
 
 def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
@@ -82,7 +82,7 @@ def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
         n_local = len(lyr.experts.local_experts)
         base = ps.get_expert_model_parallel_rank() * n_local
         for name, p in lyr.named_parameters():
-            m = layer_mod._EXPERT_PARAM.search(name)
+            m = layer_mod.EXPERT_PARAM.search(name)
             if m:
                 out.append((f"layer{i}.expert{base + int(m.group(1))}.{m.group(2)}", p, True))
             elif name.endswith("router.weight"):
@@ -138,7 +138,7 @@ class Trainer:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The stack with residual connections: h <- h + moe_i(h) (StackModule's forward)."""
-        return StackModule.forward(self, x)
+        return stack_forward(self.layers, x)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> dict:
         """One optimizer step on this rank's share (x, y) of the global batch; returns this rank's local loss (the
@@ -232,7 +232,7 @@ class Trainer:
             w = full.reshape(-1).to(torch.float64)
             r = self._projections.get(q.name)
             if r is None:  # drawn once per run (kept in fp32 on GPUs: half the memory), the same at every layout
-                g = layer_mod._generator(w.device, seed, "sketch", q.name)
+                g = layer_mod.generator(w.device, seed, "sketch", q.name)
                 r = torch.randn((SKETCH, w.numel()), generator=g, device=w.device, dtype=torch.float32)
                 self._projections[q.name] = r = r if w.is_cuda else r.double()
             out[q.name] = (metrics.fingerprint(full), float(w @ w), (r.double() @ w).tolist())
@@ -294,9 +294,9 @@ def topk_and_margin(logits: torch.Tensor, routing_map: torch.Tensor, k: int) -> 
 def batch(cfg: MoEConfig, step: int, tokens: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of `step`: tokens x [tokens, 1, hidden] standard normal (in the params' dtype) and the
     regression target y = tanh(x T) (T fixed by the seed; fp32, or fp64 for fp64 runs): the same on every layout."""
-    g = layer_mod._generator(device, cfg.seed, "batch", step)
+    g = layer_mod.generator(device, cfg.seed, "batch", step)
     x = torch.randn((tokens, 1, cfg.hidden), generator=g, device=device, dtype=torch.float32)
-    gt = layer_mod._generator(device, cfg.seed, "teacher")
+    gt = layer_mod.generator(device, cfg.seed, "teacher")
     T = torch.randn((cfg.hidden, cfg.hidden), generator=gt, device=device, dtype=torch.float32) / math.sqrt(cfg.hidden)
     ydt = torch.float64 if dtype == torch.float64 else torch.float32
     return x.to(dtype), torch.tanh(x.to(ydt) @ T.to(ydt))
@@ -321,14 +321,11 @@ class StackModule(torch.nn.Module):
         self.layers = torch.nn.ModuleList(stack)
 
     def forward(self, x):
-        h = x
-        for lyr in self.layers:
-            h = h + compat.moe_output(lyr(h))
-        return h
+        return stack_forward(self.layers, x)
 
 
 def versus_megatron(payload: dict) -> dict:
-    """Engine side of the GPU test (#24): the same stack, weights and batches through megatron's own
+    """Engine side of the GPU test: the same stack, weights and batches through megatron's own
     DistributedDataParallel + get_megatron_optimizer and through `Trainer`; per step both losses and gradient norms,
     and after the last step every weight compared (metrics.compare). payload: moe (a MoEConfig dict), layers, steps,
     tokens, lr, grad_reduce_fp32, and lr_factor (the control: the lab's run with another learning rate)."""

@@ -10,14 +10,21 @@ forward of the full input, one more of the same input, and one of the truncated 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from .. import metrics
 from ..config import MoEConfig
 from ..findings.common import describe as describe_cmp  # one wording of a comparison
+from ..records import parse_comparison
+from .probe_record import ProbeRecord
 from .protocol import Case
+
+if TYPE_CHECKING:
+    from ..run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +58,10 @@ def run(cluster, cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool
                         cases=[case(cfg, cut=cut, trials=trials, detail=detail, repeats=repeats, **knobs)])[0]
 
 
-def cases(params: dict) -> list[Case]:
-    from .. import profiles
-
-    base = profiles.base_moe(params)
-    return [case(base.replace(dispatcher=d, router_dtype=r), cut=params["cut"], trials=profiles.trials(params))
-            for d in params["dispatchers"] for r in params["router_dtypes"]]
+def cases(config: RunConfig) -> list[Case]:
+    base = config.layer
+    return [case(base.replace(dispatcher=d, router_dtype=r), cut=config.run.cut, trials=config.run.trials)
+            for d in config.run.dispatchers for r in config.run.router_dtypes]
 
 
 # ---------------------------------------------------------------------------------------------- engine side
@@ -127,17 +132,19 @@ def summarise(per_rank: list[dict]) -> dict:
 
 
 def records(case: Case, per_rank: list[dict]) -> list[dict]:
-    rec = summarise(per_rank)
+    s = summarise(per_rank)
     d0 = per_rank[0]["cross_rank_detail"]
-    rec.update(fingerprints=d0["fingerprints"], bytes_compared=d0["bytes_compared"])
+    rec = ProbeRecord(cross_rank=parse_comparison(s["cross_rank"]), rerun=parse_comparison(s["rerun"]),
+                      truncation=parse_comparison(s["truncation"]), t_forward_s=s["t_forward_s"],
+                      fingerprints=d0["fingerprints"], bytes_compared=d0["bytes_compared"])
     if case.knobs.get("detail"):
         d = per_rank[0]["cross_rank_detail"]
-        rec["detail"] = {
+        rec = dataclasses.replace(rec, detail={
             "pairs": d.get("pairs", {}), "ulp_hist": d.get("ulp_hist", {}), "token_mismatch": d.get("token_mismatch", {}),
             "mismatch_map": d.get("mismatch_map", {}), "bytes_compared": d["bytes_compared"], "trial": d["trial"],
             "truncation_token_mismatch": {str(r["rank"]): _worst_trial_tokens(r) for r in per_rank},
-        }
-    return [rec]
+        })
+    return [rec.asdict()]
 
 
 def _worst_trial_tokens(r: dict) -> list[int]:
@@ -153,19 +160,4 @@ def headline(rec: dict) -> str:
             f"{' det' if rec['deterministic'] else ''} — " + "; ".join(parts))
 
 
-def verdict(records: list[dict]) -> str:
-    """`moe-lab probe`'s summary: notebook 01's findings over the probe's records, rendered — one block per layer when
-    several were probed (`--model a,b`), titled with the layer (its preset and features)."""
-    from ..findings import render, reproduce as found
-    from ..findings.model import subject_of
-
-    by_layer: dict[str, list[dict]] = {}
-    for r in records:
-        by_layer.setdefault(subject_of(r)["layer"], []).append(r)
-    if len(by_layer) <= 1:
-        return render.verdict(found.findings(records))
-    return "\n\n".join(render.verdict(found.findings(rs), title=f"{layer}:") for layer, rs in by_layer.items())
-
-
-__all__ = ["case", "cases", "on_engine", "records", "summarise", "describe_cmp", "headline", "verdict",
-           "COMPARISONS"]
+__all__ = ["case", "cases", "on_engine", "records", "summarise", "describe_cmp", "headline", "COMPARISONS"]

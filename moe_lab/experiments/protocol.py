@@ -1,4 +1,4 @@
-"""The one experiment protocol (#12): cases from parameters → one engine-side function → tidy records → a verdict
+"""The one experiment protocol: cases from parameters → one engine-side function → tidy records → a verdict
 computed from records; and the one runner that streams records to results.json and resumes by ONE key.
 
 An experiment is a module of `moe_lab.experiments` with
@@ -13,7 +13,7 @@ release), progress, streaming, resume, and the environment and provenance stampe
 The key of a case covers the whole measurement: the experiment and case kind, the layer config (shape, seq_len,
 seed, dtypes, dispatcher, ...), cut and the experiment's knobs, the megatron-core release, device, world,
 placement (ranks per GPU, backend), the GPU, the environment switches the engines start with, and the lab's own
-source hash: a record is reused only for exactly that measurement, never for another parameter (#16).
+source hash: a record is reused only for exactly that measurement, never for another parameter.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ..config import ClusterConfig, MoEConfig, check_cut
 from ..controller.engine_sets import EngineSets
 from ..layout import Layout
 from .. import results as results_file
+from ..records import HEADER_OVERLAPS, Header, as_json, compose, stamp as schema_stamp
 from ..results import latest  # noqa: F401 - the records a notebook's latest run showed
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class Case:
     label: str = ""
     layout: Layout | None = None
     """How the layer is split over the world (tp, ep, etp, sequence parallel; the rest data parallel). None: the
-    layer's own `moe.ep` / `moe.tp` over the whole world (every experiment before #24)."""
+    layer's own `moe.ep` / `moe.tp` over the whole world."""
 
     def payload(self) -> dict:
         """What the engines get: plain data (pickled by value), no objects."""
@@ -85,7 +86,7 @@ class Case:
 
 
 def layout_fields(case: Case, world) -> dict:
-    """The case's own layout on every record (#22/#23: not the one the cluster started with): its explicit `layout`,
+    """The case's own layout on every record (not the one the cluster started with): its explicit `layout`,
     else its layer's (`MoEConfig.layout`): tp, ep, etp, sequence parallel and the layout in words."""
     if case.layout is not None:
         return case.layout.fields()
@@ -215,21 +216,23 @@ class _Group:
     todo: list
 
 
-def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Case] | None = None,
+def run(experiment, config=None, *, cluster=None, cases: list[Case] | None = None,
         results: str | os.PathLike | None = None, notebook: str | None = None, progress: Callable | None = None,
         on_record: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run an experiment's cases (default `experiment.cases(params)`) and return their records, in case order.
+    """Run an experiment's cases (default `experiment.cases(config)`, a `run_config.RunConfig`) and return their
+    records, in case order.
 
     cluster: a running Cluster to use (its engines are restarted for another release or deterministic
-             environment and left running), or None: one is started from `params` and stopped at the end.
+             environment and left running), or None: one is started from `config`'s cluster settings (its
+             ClusterConfig built, and the GPUs probed, now) and stopped at the end.
     results: a results.json to stream every finished case into (atomic, locked) and to resume from: a case
              whose key is already there is not measured again, its records are returned as they were.
     progress: progress(iterable, description) → iterable (a tqdm); on_record: called with each new record.
     """
-    from .. import profiles
+    from ..controller.placement import from_settings
 
-    cases = list(cases if cases is not None else experiment.cases(params))
-    ccfg0 = cluster.config if cluster is not None else profiles.cluster_config(params)
+    cases = list(cases if cases is not None else experiment.cases(config))
+    ccfg0 = cluster.config if cluster is not None else from_settings(config.cluster)
     ccfg0 = ccfg0.replace(extra_path=()) if cluster is None else ccfg0
     notebook = notebook if notebook is not None else getattr(experiment, "NOTEBOOK", "")
     plan, by_case, n_reused = _plan(experiment, cases, ccfg0, results, notebook)
@@ -259,7 +262,7 @@ def run(experiment, params: dict | None = None, *, cluster=None, cases: list[Cas
     if results is not None and notebook:
         note_run(results, notebook, [r["case_key"] for r in out if r.get("case_key")], measured=n_measured,
                  reused=n_reused)
-    if progress is not None:  # a notebook's run: the resume said where the reader sees it (#25 item 5)
+    if progress is not None:  # a notebook's run: the resume said where the reader sees it
         print(resume_line(experiment.NAME, n_measured, n_reused, len(cases) - n_measured - n_reused))
     return out
 
@@ -289,8 +292,8 @@ def _plan(experiment, cases: list[Case], ccfg0: ClusterConfig, results, notebook
                 by_case[id(c)] = done[keys[id(c)]]
                 n_reused += 1
             elif id(c) in skipped:  # not applicable to its release: a record that says why, no engine call
-                rec = {"notebook": notebook, **env0, **c.fields(), "label": c.label, "case_key": keys[id(c)],
-                       "skipped": skipped[id(c)]}
+                rec = compose({"notebook": notebook}, env0, c.fields(), {"label": c.label, "case_key": keys[id(c)],
+                                                                         "skipped": skipped[id(c)]})
                 if results is not None:
                     results_file.append(results, [rec])
                 by_case[id(c)] = [rec]
@@ -332,7 +335,7 @@ def note_run(results: str | os.PathLike, notebook: str, keys: list[str], *, meas
     """Which records a notebook's latest run shows (`cases-NN.json` beside results.json): the report's index reads
     only those, never a stale record of an earlier run with other parameters or other code. Several runs of the
     protocol inside one notebook run (one run id) add up, and so do their counts of cases `measured` now and
-    `reused` from results.json (the runner shows them: a resume is visible, #25)."""
+    `reused` from results.json (the runner shows them: a resume is visible)."""
     p = Path(results).with_name(f"cases-{notebook}.json")
     try:
         prev = json.loads(p.read_text()) if p.exists() else {}
@@ -349,7 +352,9 @@ def note_run(results: str | os.PathLike, notebook: str, keys: list[str], *, meas
 
 def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str) -> list[dict]:
     """One case on every rank → its records, stamped with the case, the environment, the key and `case_wall_s`
-    (the case's wall time seen from the controller: payload out, every rank's work, results back)."""
+    (the case's wall time seen from the controller: payload out, every rank's work, results back): a `records.Header`
+    composed with each record the experiment built (`records.compose`: a key stated twice with two values is an
+    error unless `records.HEADER_OVERLAPS` declares it)."""
     t0 = time.perf_counter()
     per_rank = cluster.run(experiment.on_engine, case.payload(), what=f"{experiment.NAME} {case.label or case.kind}")
     wall = round(time.perf_counter() - t0, 3)
@@ -357,9 +362,10 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     out = []
     layout = layout_fields(case, env.get("world"))
     layout["grad_enabled"] = bool(getattr(experiment, "FORWARD_GRAD", False))  # how the compared forwards ran
+    head = Header(notebook=notebook, environment=env, time=stamp, case=case.fields(), layout=layout, label=case.label,
+                  case_key=key, case_wall_s=wall)
     for r in experiment.records(case, per_rank):
-        out.append({"notebook": notebook, **env, "time": stamp, **case.fields(), **layout, "label": case.label,
-                    "case_key": key, "case_wall_s": wall, **r})
+        out.append(schema_stamp(compose(*head.parts(), as_json(r), allowed_overlaps=HEADER_OVERLAPS)))
     return out
 
 
@@ -368,12 +374,12 @@ def _target(ccfg: ClusterConfig, release: str) -> ClusterConfig:
     return ccfg.replace(extra_path=release_path(release))
 
 
-def shared_config(params: dict) -> ClusterConfig:
+def shared_config(config) -> ClusterConfig:
     """The cluster a notebook's cases begin on when they need nothing of their own (the installed release, no engine
     environment, no deterministic start): what `moe-lab run` starts once for all its notebooks."""
-    from .. import profiles
+    from ..controller.placement import from_settings
 
-    c = profiles.cluster_config(params)
+    c = from_settings(config.cluster)
     return c.replace(env=tuple(sorted(dict(c.env).items())), extra_path=())
 
 

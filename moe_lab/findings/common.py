@@ -181,12 +181,13 @@ def guarded(experiment: str, question: str, recs: list, build: Callable[[], list
                         commits=commits_of(recs))]
 
 
-def groups(recs: list[dict], *fields) -> dict[tuple, list[dict]]:
-    """Records by subject (release, dispatcher, placement, layer, + fields): findings never merge across them."""
+def groups(recs: list[dict], *fields, axes: tuple[str, ...] = ()) -> dict[tuple, list[dict]]:
+    """Records by subject (release, dispatcher, placement, layer, + fields): findings never merge across them.
+    `axes`: layer-config fields left out of the subject (`subject_of`), so one group spans them."""
     out: dict = {}
     for r in recs:
         try:
-            s = subject_of(r)
+            s = subject_of(r, axes=axes)
         except (KeyError, TypeError, ValueError, AttributeError):  # unreadable: its own group, guarded() says so
             s = {"release": "?", "dispatcher": "?", "placement": "?", "layer": "?"}
         key = (s["release"], s["dispatcher"], s["placement"], s["layer"]) + tuple(str(r.get(f)) for f in fields)
@@ -194,9 +195,17 @@ def groups(recs: list[dict], *fields) -> dict[tuple, list[dict]]:
     return dict(sorted(out.items(), key=lambda kv: (vt(kv[0][0]),) + tuple(str(x) for x in kv[0][1:])))
 
 
+def within_factor(a: float, b: float, factor: float) -> bool:
+    """Two magnitudes within `factor` of each other (two zeros agree; a zero and a non-zero never do)."""
+    if a == 0 or b == 0:
+        return a == b
+    return max(a, b) / min(a, b) <= factor
+
+
 def status_of(ok: bool) -> str:
     return PASS if ok else FAIL
 
 
 __all__ = ["vt", "applicable", "equal", "trials", "trials_text", "count", "describe", "cost", "choose", "choice_text",
-           "env_clause", "COST_ENV", "guarded", "groups", "status_of", "TRANSPORT_BOUND", "NA", "NOT_MEASURED"]
+           "env_clause", "COST_ENV",
+           "within_factor", "guarded", "groups", "status_of", "TRANSPORT_BOUND", "NA", "NOT_MEASURED"]

@@ -17,7 +17,7 @@ JOB_LINES = {
     "padding_mask": ["moe_layer(hidden_states, padding_mask=mask)  # megatron's MoE padding mask"],
     "routing replay": ["TransformerConfig(moe_enable_routing_replay=True)  # replay the recorded routing in the "
                        "backward / recompute"],
-    "fp32 grad reduce": ["# the backward's reduce-scatter of the token gradients in fp32 (moe_lab.experiments.compound; "
+    "fp32 grad reduce": ["# the backward's reduce-scatter of the token gradients in fp32 (moe_lab.questions.compound.experiment; "
                          "no megatron option)"],
     "batch_invariant_mode": ["from megatron.core.transformer.custom_layers.batch_invariant_kernels import "
                              "set_batch_invariant_mode",

@@ -20,7 +20,7 @@ with run-to-run nondeterminism on top ('ep+nondeterminism')."""
 
 
 def attribution(cross: dict, rerun: dict) -> str:
-    """Why ranks differ (#14's rule), from a cross-rank and a rerun comparison over trials: 'equal'; 'ep' (the ranks
+    """Why ranks differ (the attribution rule), from a cross-rank and a rerun comparison over trials: 'equal'; 'ep' (the ranks
     differ in every trial and a rerun never does); 'ep+nondeterminism' (the ranks differ in every trial, reruns differ
     too but in every trial the ranks differ in >= EP_DOMINANCE times the elements of the worst rerun: the GPU's
     atomics add a little run-to-run noise to an EP-order difference); 'nondeterminism' (reruns differ about as much);

@@ -1,4 +1,4 @@
-"""The one Finding type (#26): what a notebook's verdict, an index card, `moe-lab probe`'s summary, `moe-lab findings`
+"""The one Finding type: what a notebook's verdict, an index card, `moe-lab probe`'s summary, `moe-lab findings`
 and the README's findings all render. A finding is built from records only; its evidence names them (case keys),
 carries every count with its denominator, the trials it held in (k of N), and for a cost the ratio, its interval,
 the noise floor and where it was measured. Pure Python: no torch (the `findings` CLI reads a report without it)."""
@@ -147,13 +147,15 @@ class Finding:
         return asdict(self)
 
 
-def subject_of(rec: dict, **extra) -> dict:
+def subject_of(rec: dict, *, axes: tuple[str, ...] = (), **extra) -> dict:
     """The subject of a record: its release, dispatcher, placement, layout, layer config and environment — findings
-    with different subjects never merge."""
+    with different subjects never merge. `axes`: layer-config fields a question varies within one subject (its
+    `Question.axes`, e.g. seq_len), left out of the layer's words."""
     cfg = rec.get("config") or {}
+    tokens = "" if "seq_len" in axes else f"{cfg.get('seq_len')} tokens, "
     layer = (f"hidden {cfg.get('hidden')}, {cfg.get('num_experts')} experts, top-{cfg.get('topk')}, ffn "
-             f"{cfg.get('ffn_hidden')}, {cfg.get('seq_len')} tokens, {cfg.get('dtype')}") if cfg else "?"
-    if isinstance(cfg, dict) and cfg:  # a preset and router features set (records before #23 have neither)
+             f"{cfg.get('ffn_hidden')}, {tokens}{cfg.get('dtype')}") if cfg else "?"
+    if isinstance(cfg, dict) and cfg:  # a preset and router features set (older records may have neither)
         layer = describe_features(layer, str(cfg.get("model") or ""),
                                   {k: cfg[k] for k in ROUTER_FEATURES if k in cfg and cfg[k] != _DEFAULTS[k]})
     return {"release": str(rec.get("megatron_core") or "?"), "dispatcher": str(rec.get("dispatcher") or "?"),
@@ -177,7 +179,7 @@ def placement_label(rec: dict) -> str:
 
 
 def layout_label(rec: dict) -> str:
-    """The case's layout in words (records since #23 carry it; older ones their tp and ep)."""
+    """The case's layout in words (older records without it: their tp and ep)."""
     return rec.get("layout") or f"tp {rec.get('tp', 1) or 1} × ep {rec.get('ep') or rec.get('world') or '?'}"
 
 

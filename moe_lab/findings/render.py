@@ -5,8 +5,25 @@ from __future__ import annotations
 
 import html
 
-from .model import FAIL, PASS, Finding
-from .registry import EXPERIMENTS, headline
+from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Finding
+
+
+def headline(fs: list[Finding]) -> tuple[str, str]:
+    """One status and line over an experiment's card findings (all of them where none is a card's): no PASS without
+    a measured finding — nothing measured is NOT MEASURED (or N/A where everything was not applicable)."""
+    top = [f for f in fs if f.card] or list(fs)
+    if not top:
+        return NOT_MEASURED, "no records: nothing was measured"
+    st = {f.status for f in top}
+    measured = [f for f in top if f.status in (PASS, FAIL, MIXED)]
+    if not measured:
+        status = NOT_MEASURED if NOT_MEASURED in st else NA
+    else:
+        status = FAIL if FAIL in st else MIXED if MIXED in st else PASS
+    pick = [f for f in top if f.status == status] or top
+    n = {s: sum(f.status == s for f in top) for s in (PASS, FAIL, MIXED, NOT_MEASURED, NA) if any(f.status == s for f in top)}
+    counts = ", ".join(f"{k} {v}" for k, v in n.items())
+    return status, f"{counts} of {len(top)} finding(s): " + "; ".join(f.claim.split(" — ")[0] for f in pick[:3])
 
 
 def verdict(fs: list[Finding], *, title: str = "") -> str:
@@ -38,10 +55,11 @@ def caveat(card: dict) -> str | None:
 
 def cards(by_nb: dict[str, list[Finding]]) -> list[dict]:
     """One card per release x dispatcher x placement x layer: the card findings of every experiment for it, in the
-    registry's order. Findings about different subjects never share a card."""
+    order of `by_nb` (the registry's: `moe_lab.questions.findings`). Findings about different subjects never share a
+    card."""
     out: dict[tuple, dict] = {}
-    for exp in EXPERIMENTS:
-        for f in by_nb.get(exp.notebook, []):
+    for fs in by_nb.values():
+        for f in fs:
             if not f.card:
                 continue
             k = f.card_key()
@@ -95,14 +113,14 @@ def markdown(name: str, by_nb: dict[str, list[Finding]], *, short: bool = False)
     return "\n".join(lines)
 
 
-def terminal(by_nb: dict[str, list[Finding]]) -> str:
+def terminal(by_nb: dict[str, list[Finding]], names: dict[str, str]) -> str:
+    """Each question's headline and card findings; `names`: notebook number → the question's name."""
     out = []
-    for exp in EXPERIMENTS:
-        fs = by_nb.get(exp.notebook, [])
+    for nb, fs in by_nb.items():
         st, text = headline(fs)
-        out.append(f"{exp.notebook} {exp.name}: [{st}] {text}")
+        out.append(f"{nb} {names.get(nb, '?')}: [{st}] {text}")
         out += ["   " + f.text() for f in fs if f.card]
     return "\n".join(out)
 
 
-__all__ = ["verdict", "cards", "card_dict", "render_cards", "markdown", "terminal", "caveat", "PASS", "FAIL"]
+__all__ = ["headline", "verdict", "cards", "card_dict", "render_cards", "markdown", "terminal", "caveat", "PASS", "FAIL"]

@@ -1,4 +1,4 @@
-"""The notebooks' kernels under `moe-lab run` (#25 item 4): papermill's kernel manager with two changes.
+"""The notebooks' kernels under `moe-lab run`: papermill's kernel manager with two changes.
 
 - The kernel's own stderr (ipykernel's log, C libraries) passes through the runner's stderr as before, and is dropped
   once the run is interrupted: a kernel stopped mid-cell has nothing to tell the terminal then.

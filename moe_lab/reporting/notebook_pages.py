@@ -44,7 +44,7 @@ def error_of(nb) -> str:
 
 def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
     """The executed notebook as HTML (full, or `exclude_input`: the shared page without code). Each page stands alone
-    (#14): its title, links to the index, the other notebooks and the public issue; local paths scrubbed; wide tables
+   : its title, links to the index, the other notebooks and the public issue; local paths scrubbed; wide tables
     scroll instead of overflowing."""
     import nbformat
     from nbconvert import HTMLExporter

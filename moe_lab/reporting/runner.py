@@ -25,6 +25,46 @@ logger = logging.getLogger(__name__)
 
 NOTEBOOKS = ROOT / "notebooks"
 REPORTS = ROOT / "reports"
+PUBLISHED = REPORTS / "published"
+"""The curated GPU evidence the repository keeps (tracked); every other folder under reports/ is git-ignored."""
+
+
+def check_out(out: str | None) -> Path | None:
+    """`--out` as a folder, refused in one line before anything starts: '' (names no folder), a folder inside
+    reports/published/ (the curated evidence), a folder holding files git tracks (a run would change them)."""
+    if out is None:
+        return None
+    if not str(out).strip():
+        raise ValueError("--out '' names no folder; leave --out out (reports/<profile>-<date>, git-ignored) or "
+                         "give a folder")
+    out_dir = Path(out).expanduser().resolve()
+    refuse_tracked(out_dir)
+    return out_dir
+
+
+def refuse_tracked(out_dir: Path) -> None:
+    """ValueError (one line) if a run into `out_dir` would write into the published reports or over tracked files."""
+    pub = PUBLISHED.resolve()
+    if out_dir == pub or pub in out_dir.parents:
+        raise ValueError(f"--out ({out_dir}) is inside reports/published/, the curated reports the repository keeps; "
+                         "a run writes elsewhere (default reports/<profile>-<date>, git-ignored)")
+    tracked = tracked_files(out_dir)
+    if tracked:
+        raise ValueError(f"--out ({out_dir}) holds {len(tracked)} file(s) tracked by git (e.g. {tracked[0]}) that a "
+                         "run would change; give a folder git does not track (default reports/<profile>-<date>)")
+
+
+def tracked_files(folder: Path) -> list[str]:
+    """The files git tracks under `folder` (none if it is no folder, not in a work tree, or git is missing)."""
+    import subprocess
+
+    if not folder.is_dir():
+        return []
+    try:
+        p = subprocess.run(["git", "-C", str(folder), "ls-files", "-z", "--", "."], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x for x in p.stdout.decode(errors="replace").split("\0") if x] if p.returncode == 0 else []
 
 
 def numbered_notebooks(nb_dir: Path = NOTEBOOKS) -> dict[str, Path]:
@@ -127,12 +167,12 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if type(e).__name__ == "DeadKernelError":
             error = "DeadKernelError: the kernel died (killed, out of memory, or a crash in native code)"
-        if getattr(e, "ename", None) == "ClusterError":  # the notebook's cluster failed: said as under probe (#25)
+        if getattr(e, "ename", None) == "ClusterError":  # the notebook's cluster failed: said as under probe
             status, error = "cluster fault", f"cluster fault: {getattr(e, 'evalue', '')}"
         logger.error("notebook %s failed: %s", src.name, error)
     row = _finish_row(_row(num, src, status, error, time.perf_counter() - t0), dst)
     row.update(_cases_run(out_dir, num))
-    if "measured" in row:  # a resume is said in the terminal too, not only in the notebook (#25 item 5)
+    if "measured" in row:  # a resume is said in the terminal too, not only in the notebook
         logger.info("%s: %d case(s) measured, %d reused from results.json", src.name, row["measured"], row["reused"])
     return row
 
@@ -175,13 +215,13 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
                                   "cluster fault": "CLUSTER FAULT"}.get(r["status"], "FAILED")
         detail = html.escape(r["verdict"] or r["error"] or "")
         trs.append(f"<tr class='{'' if ok else 'run-failed'}'><td>{r['notebook']}</td><td>{html.escape(r['title'])}</td>"
-                   f"<td>{state} ({r['seconds']:.0f} s{_counts(r)})</td><td>{summary._st(r['finding'])} "
+                   f"<td>{state} ({r['seconds']:.0f} s{_counts(r)})</td><td>{summary.status_badge(r['finding'])} "
                    f"{html.escape(r['headline'])}<details><summary>verdict</summary><pre>{detail}</pre></details></td>"
                    f"<td>{links}</td></tr>")
     cards = _guarded(summary.cards, [], records)
     title = f"moe_lab report — {meta.get('profile', '')}"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>{summary._CSS}</style></head><body><h1>{html.escape(title)}</h1>
+<style>{summary.CSS}</style></head><body><h1>{html.escape(title)}</h1>
 <p>Numerical divergence of megatron-core MoE layers under expert parallelism, reproduced and localised on this
 machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every statement below is computed from
 <a href="results.json">results.json</a>.</p>
@@ -206,34 +246,40 @@ machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every state
 def run_all(*, profile: str | None = None, only: str | None = None, overrides: dict | None = None,
             out: str | None = None, timeout: float | None = None, nb_dir: Path = NOTEBOOKS) -> int:
     """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first."""
+    out_dir = check_out(out)  # '', reports/published/…, a folder of tracked files: one line, nothing started
     profile = profile or default_profile()
-    params = profiles.load(profile, overrides)  # raises ValueError before anything starts
+    config = profiles.load(profile, overrides)  # parsed once; raises ValueError before anything starts
     chosen = select(only, nb_dir)
     from ..tools import scale_plan, versions
 
-    # Also before any kernel or engine: GPU count vs engines, timeouts, experts vs EP, memory.
-    ccfg = profiles.cluster_config(params)
-    profiles.base_moe(params).resolved_ep(ccfg.engines)
-    scale_plan.check_memory([profiles.base_moe(params)], ccfg, cut=params.get("cut", 90))  # ranks that do not fit
+    # Also before any kernel or engine (the preflight builds the cluster's config from the run config's cluster
+    # settings, probing the GPUs): GPU count vs engines, a launcher and its options, timeouts, experts vs EP, memory.
+    from ..controller.placement import from_settings
+
+    ccfg = from_settings(config.cluster)
+    config.layer.resolved_ep(ccfg.engines)
+    scale_plan.check_memory([config.layer], ccfg, cut=config.run.cut)  # ranks that do not fit
     # The releases the chosen notebooks use, installed side by side now if missing (from `wheels` offline): the one
     # install step of a run, before any kernel or engine — the experiments only look releases up.
-    versions.prepare(versions.wanted_by(params, [num for num, _ in chosen]), from_dir=params.get("wheels"))
+    versions.prepare(versions.wanted_by(config, [num for num, _ in chosen]), from_dir=config.cluster.wheels)
     # absolute: the kernels run with cwd=notebooks/, so a relative --out would put results.json elsewhere
-    out_dir = Path(out).resolve() if out else REPORTS / default_name(profile, ccfg)
+    if out_dir is None:  # reports/<profile>-<date>: git-ignored (.gitignore keeps only reports/published/)
+        out_dir = REPORTS / default_name(profile, ccfg)
+        refuse_tracked(out_dir)
     writable_dir(out_dir, "--out")  # create it, or one line saying why not, before anything starts
-    results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured (#16)
+    results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
     os.environ["MOE_LAB_RUN_ID"] = f"{os.getpid()}-{time.time():.0f}"  # and the run id (protocol.note_run)
     rows = []
-    meta = _meta(profile, params)
+    meta = _meta(profile, config)
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
     current, t0 = None, time.perf_counter()
-    with interrupts.handling(), _run_lock(out_dir), _shared_cluster(params, out_dir, len(chosen)):
-        # the bar only once the lock is held: a refused second run prints its one line and nothing else (#16)
+    with interrupts.handling(), _run_lock(out_dir), _shared_cluster(config, out_dir, len(chosen)):
+        # the bar only once the lock is held: a refused second run prints its one line and nothing else
         it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
             for num, src in it:
@@ -246,7 +292,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 write_index(out_dir, rows, meta)
         except KeyboardInterrupt as e:
             # Ctrl-C or SIGTERM: papermill has interrupted and killed the running kernel (kernels.RunKernelManager);
-            # end any other kernel (one still starting), then keep what was run (#7). The shared cluster stops as the
+            # end any other kernel (one still starting), then keep what was run. The shared cluster stops as the
             # block exits; the CLI ends whatever is left and counts it (interrupts.finish).
             why = str(e) or "Ctrl-C"
             stop_kernels()
@@ -279,7 +325,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
 SHARED_FILE = ".moe_lab-cluster.json"
 
 
-def _shared_cluster(params: dict, out_dir: Path, n_notebooks: int):
+def _shared_cluster(config, out_dir: Path, n_notebooks: int):
     """One cluster for the run's notebooks (controller.shared) when there are several; MOE_LAB_SHARE_CLUSTER=0
     gives each notebook its own, as a notebook run alone has."""
     import contextlib
@@ -289,7 +335,7 @@ def _shared_cluster(params: dict, out_dir: Path, n_notebooks: int):
     from ..controller import shared
     from ..experiments import protocol
 
-    return shared.for_run(protocol.shared_config(params), out_dir / SHARED_FILE)
+    return shared.for_run(protocol.shared_config(config), out_dir / SHARED_FILE)
 
 
 def _guarded(fn, fallback, *args):
@@ -316,14 +362,14 @@ def default_name(profile: str, ccfg) -> str:
 
 @contextlib.contextmanager
 def _run_lock(out_dir: Path):
-    """One run at a time per report directory (#16): a second `moe-lab run` into it refuses in one line instead of
+    """One run at a time per report directory: a second `moe-lab run` into it refuses in one line instead of
     silently replacing the first run's HTML."""
     import fcntl
 
     path = out_dir / ".moe_lab-run.lock"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:  # a directory of that name, no permission: the path and why, one line (#25)
+    except OSError as e:  # a directory of that name, no permission: the path and why, one line
         raise ValueError(f"{path}: the run lock cannot be opened ({e.strerror or type(e).__name__}); remove it if "
                          "no moe-lab run is writing into this folder, or give another --out") from None
     try:
@@ -363,7 +409,7 @@ def stop_kernels() -> list[int]:
     return [k.pid for k in kernels]
 
 
-def _meta(profile: str, params: dict) -> dict:
+def _meta(profile: str, config) -> dict:
     import platform
 
     import torch
@@ -373,7 +419,7 @@ def _meta(profile: str, params: dict) -> dict:
     return {"profile": profile, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
             "megatron-core (controller)": releases.installed_version(),
-            "parameters": json.dumps(profiles.public(params))}
+            "parameters": json.dumps(config.public())}
 
 
 def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The one-screen answer (#14, #26): the index's cards, each notebook's headline and the provenance header — all
+"""The one-screen answer: the index's cards, each notebook's headline and the provenance header — all
 rendered from the typed findings (moe_lab.findings), which every verdict, `moe-lab findings` and the README also
 render. No measurement here and no clause of its own: every word comes from a finding or a record field."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime
 import html
 
-from ..findings import registry, render
+from .. import questions
+from ..findings import render
 from ..findings.common import vt
 from ..findings.model import placement_label
 from ..findings.jobs import JOB_LINES, job_lines  # noqa: F401 - re-exported: the job lines of a remedy
@@ -17,7 +18,7 @@ ISSUE = "https://github.com/NVIDIA/Megatron-LM/issues/1421"
 
 def cards(records: list[dict]) -> list[dict]:
     """One card per release x dispatcher x placement x layer: the card findings of every registered experiment."""
-    return render.cards(registry.findings(records))
+    return render.cards(questions.findings(records))
 
 
 def card_json(cs: list[dict]) -> list[dict]:
@@ -26,10 +27,10 @@ def card_json(cs: list[dict]) -> list[dict]:
 
 def headline(nb: str, records: list[dict]) -> tuple[str, str]:
     """A notebook's finding status (PASS / FAIL / MIXED / NOT MEASURED / N/A) and one line, from its findings."""
-    exp = next((e for e in registry.EXPERIMENTS if e.notebook == nb), None)
-    if exp is None:
-        return "N/A", f"no experiment is registered for notebook {nb}"
-    return registry.headline(exp.findings(registry.of_notebook(records, exp)))
+    q = questions.BY_NUMBER.get(nb)
+    if q is None:
+        return "N/A", f"no question is registered for notebook {nb}"
+    return render.headline(q.findings_of(questions.of_question(records, q)))
 
 
 def _times(records: list[dict]) -> list[str]:
@@ -56,12 +57,12 @@ def provenance(records: list[dict]) -> dict:
         return {}
     r = recs[0]
     out: dict = {}
-    for exp in registry.EXPERIMENTS:
-        mine = registry.of_notebook(recs, exp)
+    for q in questions.QUESTIONS:
+        mine = questions.of_question(recs, q)
         if mine:
             commits = sorted({f"{(x.get('code') or {}).get('commit') or '?'}" + (", dirty tree" if (x.get("code") or {})
                               .get("dirty") else "") for x in mine})
-            out[f"moe_lab, notebook {exp.notebook}"] = f"{(mine[0].get('code') or {}).get('moe_lab')} (commit " \
+            out[f"moe_lab, notebook {q.number}"] = f"{(mine[0].get('code') or {}).get('moe_lab')} (commit " \
                                                        f"{' / '.join(commits)}, {len(mine)} record(s))"
     releases = sorted({str(x["megatron_core"]) for x in recs if x.get("megatron_core")}, key=vt)
     gpus = sorted({str(x.get("gpu")) for x in recs if x.get("gpu")})
@@ -87,7 +88,7 @@ def generated_after(records: list[dict]) -> str:
     return now if not ts or ts[-1] <= now else f"{now} (a record is stamped later: {ts[-1]} — clocks differ)"
 
 
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:84em;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:84em;color:#222}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.35em .6em;vertical-align:top;text-align:left}
 .cards{display:flex;flex-wrap:wrap;gap:1em;margin:1em 0 2em}.card{border:1px solid #bbb;border-radius:8px;padding:.8em 1em;
 width:25em;background:#fcfcfc}.card h3{margin:.1em 0 .5em;font-size:1.05em}.st{font-weight:700;padding:0 .4em;border-radius:4px}
@@ -97,7 +98,7 @@ code,pre{font-size:.85em;background:#f3f3f3}pre{padding:.4em;white-space:pre-wra
 .prov td:first-child{font-weight:600;white-space:nowrap}.run-failed{background:#fde2e2}"""
 
 
-def _st(status: str) -> str:
+def status_badge(status: str) -> str:
     cls = {"PASS": "PASS", "FAIL": "FAIL", "MIXED": "MIXED"}.get(status, "na")
     return f"<span class='st {cls}'>{html.escape(status)}</span>"
 

@@ -1,5 +1,5 @@
 """`moe-lab bench` (controller side): the warm lab against the usual way (a fresh process group per config), in one
-run (#8). The same probe cases run both ways (the experiment protocol); costs are paired rounds (stats.paired)."""
+run. The same probe cases run both ways (the experiment protocol); costs are paired rounds (stats.paired)."""
 
 from __future__ import annotations
 

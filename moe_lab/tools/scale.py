@@ -1,4 +1,4 @@
-"""Scale model: per-GPU memory of one MoE layer forward as the lab runs it, by explicit calculation (#8); the
+"""Scale model: per-GPU memory of one MoE layer forward as the lab runs it, by explicit calculation; the
 plan built from it (totals, whether it fits, compute, the placement check) is `tools.scale_plan`.
 
 What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local spec, `SequentialMLP`, no TE, eval,
@@ -36,7 +36,7 @@ What is counted, per rank (TP=1, megatron-core 0.16.1's non-fused path: local sp
 
 Checked against the real layer (`measure_layer`, `measured`): parameter bytes exactly; forward peaks within 5 % on
 4 CPU engines (tests/cluster/test_scale.py, with the CPU terms of `forward_phases(device="cpu")`), and forward and
-`run_case` peaks within 3 % on 2x H200 at EP=2 (reports/scale-h200x2-2026-11-30/).
+`run_case` peaks within 3 % on 2x H200 at EP=2 (reports/published/scale-h200x2-2026-11-30/).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The scale plan (#8): per-GPU memory and compute of one MoE layer forward at an EP, from the layer model of
+"""The scale plan: per-GPU memory and compute of one MoE layer forward at an EP, from the layer model of
 `tools.scale` (`plan`); its tables (`plan_table`, `min_ep`); and the placement check that refuses ranks that do not
 fit in GPU memory before any engine starts (`check_memory`).
 

@@ -299,12 +299,12 @@ def prepare(wanted, *, from_dir: str | os.PathLike | None = None) -> dict[str, P
     return out
 
 
-def wanted_by(params: dict, notebooks=None) -> list[str]:
+def wanted_by(config, notebooks=None) -> list[str]:
     """The releases a run of `notebooks` (numbers; None: all) installs before it starts: notebook 03's `releases`.
     The profile's `megatron` (the release of every other notebook) must be installed already: the profile check
     says how if it is not."""
-    from ..params import PromotionParams
+    from ..questions.promotion.params import PromotionParams
 
     if notebooks is not None and "03" not in notebooks:
         return []
-    return [r for r in PromotionParams.of(params).releases if r != "installed"]
+    return [r for r in config.params(PromotionParams).releases if r != "installed"]

@@ -1,4 +1,4 @@
-"""`moe-lab bench --quick` on 4 gloo engines: the warm sweep beats one fresh spawn per config, with equal results (#8)."""
+"""`moe-lab bench --quick` on 4 gloo engines: the warm sweep beats one fresh spawn per config, with equal results."""
 
 import json
 

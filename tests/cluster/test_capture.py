@@ -4,7 +4,8 @@ import ipyparallel as ipp
 import pytest
 
 from moe_lab.config import MoEConfig
-from moe_lab.experiments import localise, protocol
+from moe_lab.questions.localise import experiment as localise
+from moe_lab.experiments import protocol
 
 pytestmark = pytest.mark.cluster
 
@@ -74,13 +75,13 @@ def test_notebook_02_records(cpu_cluster):
 
     P = profiles.load("cpu", {"dispatchers": ["allgather"]})
     recs = protocol.run(localise, P, cluster=cpu_cluster)
-    cases = [r for r in recs if r["record"] == "case"]
+    cases = [r for r in recs if r["kind"] == "case"]
     by = {c["variant"]: c for c in cases}
     assert by["bf16 (nothing)"]["first_divergent_stage"] == "combine.comm"
     assert by["bf16 (nothing)"]["probs_gather_dtype"] == "bfloat16"
     assert by["probs fp32 before gather (reporter's fix)"]["first_divergent_stage"] is None
-    stages = [r for r in recs if r["record"] == "stage"]
-    ledger = [r for r in recs if r["record"] == "collective"]
+    stages = [r for r in recs if r["kind"] == "stage"]
+    ledger = [r for r in recs if r["kind"] == "collective"]
     for rec in recs:
         assert rec["notebook"] == "02" and rec["megatron_core"] and rec["case_key"]
     assert {"op", "dtype", "role"} <= set(ledger[0])

@@ -42,7 +42,7 @@ def test_probe_prints_one_json_line_per_router_dtype():
 
 @pytest.mark.cluster
 def test_probe_summary_is_the_findings():
-    """#26: without --json, probe ends with notebook 01's findings over its records (EP=2: a + b = b + a)."""
+    """Without --json, probe ends with notebook 01's findings over its records (EP=2: a + b = b + a)."""
     r = cli("probe", "--device", "cpu", "--engines", "2", "--dispatcher", "allgather", "--router-dtype", "none",
              "--timeout", "180")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -112,7 +112,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.cluster
 def test_restart_engines_switches_release_and_keeps_the_controller(other_release):
-    """#5: a release switch restarts only the engines: same controller, profile and watchdog; new engine
+    """A release switch restarts only the engines: same controller, profile and watchdog; new engine
     processes that import the other megatron-core; the cluster answers again, then switches back."""
     import psutil
 
@@ -122,15 +122,15 @@ def test_restart_engines_switches_release_and_keeps_the_controller(other_release
     other = other_release
     cfg = MoEConfig(hidden=32, num_experts=4, topk=2, ffn_hidden=64, seq_len=16, dispatcher="allgather")
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
-        ipp_cluster, profile, reaper = c._ipp, c.profile_dir, c._reaper.pid
-        old_ids, old_pids = list(c.engine_ids), [p["pid"] for p in c._procs]
+        ipp_cluster, profile, reaper = c.state.ipp, c.profile_dir, c.state.reaper.pid
+        old_ids, old_pids = list(c.engine_ids), [p["pid"] for p in c.procs]
         assert c.summary()["megatron_core"] == releases.installed_version()
         with pytest.raises(ValueError, match="cannot change"):
             c.restart_engines(engines=3)
 
         c.restart_engines(extra_path=other)
         assert c.summary()["megatron_core"] == "0.12.3"
-        assert c._ipp is ipp_cluster and c.profile_dir == profile and c._reaper.pid == reaper
+        assert c.state.ipp is ipp_cluster and c.profile_dir == profile and c.state.reaper.pid == reaper
         assert set(c.engine_ids).isdisjoint(old_ids) and len(c.engine_ids) == 2
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old_pids)
         assert 0 < c.timings["restart_s"] and c.timings["ready_s"] == c.timings["restart_s"]

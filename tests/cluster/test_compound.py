@@ -1,10 +1,11 @@
-"""Notebook 05 on 4 gloo engines (#15): gradients compared across ranks, reruns and truncation; the backward
+"""Notebook 05 on 4 gloo engines: gradients compared across ranks, reruns and truncation; the backward
 localised; depth stacks; megatron's options reported as run or not — measured, never assumed."""
 
 import pytest
 
 from moe_lab import profiles
-from moe_lab.experiments import compound, protocol
+from moe_lab.questions.compound import experiment as compound
+from moe_lab.experiments import protocol
 
 pytestmark = pytest.mark.cluster
 

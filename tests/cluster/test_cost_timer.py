@@ -1,4 +1,4 @@
-"""Costs that mean something (#26 item 4) on 4 gloo engines: every timed round also books the seconds spent inside
+"""Costs that mean something on 4 gloo engines: every timed round also books the seconds spent inside
 torch.distributed collectives (capture.collective_timer, the ledger's patching), the wrapper changes no bit of the
 output, and the records of 03 / 04 / 05 carry the compute figure, the collective share and the placement."""
 
@@ -6,13 +6,16 @@ import ipyparallel as ipp
 import pytest
 
 from moe_lab import profiles, stats
-from moe_lab.experiments import compound, promotion, protocol, truncation
+from moe_lab.questions.compound import experiment as compound
+from moe_lab.questions.promotion import experiment as promotion
+from moe_lab.experiments import protocol
+from moe_lab.questions.truncation import experiment as truncation
 from moe_lab.tools import bench_engine
 
 pytestmark = pytest.mark.cluster
 
 P = profiles.load("cpu")
-CFG = profiles.base_moe(P)  # hidden 256, 8 experts, top-4, 128 tokens, bf16
+CFG = P.layer  # hidden 256, 8 experts, top-4, 128 tokens, bf16
 
 
 @pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])

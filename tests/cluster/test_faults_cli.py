@@ -1,4 +1,4 @@
-"""The CLI's one error contract (#16), end to end in subprocesses of `python -m moe_lab.cli`:
+"""The CLI's one error contract, end to end in subprocesses of `python -m moe_lab.cli`:
 
 - bad input → one stderr line, exit 2, before any engine or kernel starts;
 - a cluster fault (a dead engine) → one line naming rank, engine, pid, what it was doing and the signal, exit 3;
@@ -313,7 +313,7 @@ def test_a_second_run_into_the_same_dir_refuses_in_one_line_and_report_files_are
             first.wait()
     rows = json.loads((out / "index.json").read_text())["notebooks"]
     assert [(r["notebook"], r["status"], r["verdict"]) for r in rows] == [("01", "ok", "first run done")]
-    assert json.loads((out / "results.json").read_text()) == [{"notebook": "t", "x": 1}]
+    assert json.loads((out / "results.json").read_text()) == [{"notebook": "t", "x": 1, "schema": 2}]  # written typed
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.is_file() and p.name != "go"}
     assert {"results.json", "index.html", "index.json", "01_wait.ipynb", "01_wait.html"} <= set(modes)
     assert set(modes.values()) == {"0o644"}, modes

@@ -55,7 +55,7 @@ def test_mpi_launcher_ranks_forward_restart_and_clean_stop(tmp_path):
                         profile_root=str(tmp_path))
     with Cluster(cfg) as c:
         ready_s = time.monotonic() - t0
-        mpiexec = next(iter(c._ipp.engines.values()))
+        mpiexec = next(iter(c.state.ipp.engines.values()))
         assert mpiexec.args[0] == "mpiexec" and "--mpi" in mpiexec.args  # ipyparallel's own MPIEngineSetLauncher
         mpiexec_pid = mpiexec.pid
 
@@ -86,7 +86,7 @@ def test_mpi_launcher_ranks_forward_restart_and_clean_stop(tmp_path):
         assert probe.run(c, SMALL, cut=8, repeats=0)["rerun"]["bitwise_equal"]
         pids = [p["pid"] for p in c.placement]
         profile = c.profile_dir
-        new_mpiexec_pid = next(iter(c._ipp.engines.values())).pid
+        new_mpiexec_pid = next(iter(c.state.ipp.engines.values())).pid
 
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (cluster_processes(profile) or any(map(_alive, pids))):

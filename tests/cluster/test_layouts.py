@@ -1,4 +1,4 @@
-"""#23 item 3 on 4 gloo engines: the same global weights and tokens under EP=1, EP=4, TP=2 x EP=2 (ETP=2 and ETP=1)
+"""On 4 gloo engines: the same global weights and tokens under EP=1, EP=4, TP=2 x EP=2 (ETP=2 and ETP=1)
 and sequence parallelism. In fp32 with an fp64 router every layout computes the same function (relative error at
 rounding level) — the control, another seed for the reference, is far off, so the check can fail; and records carry
 the case's own layout, not the one the cluster started with."""
@@ -6,7 +6,8 @@ the case's own layout, not the one the cluster started with."""
 import pytest
 
 from moe_lab.config import MoEConfig
-from moe_lab.experiments import layouts, protocol
+from moe_lab.questions.reproduce import layouts
+from moe_lab.experiments import protocol
 
 pytestmark = pytest.mark.cluster
 

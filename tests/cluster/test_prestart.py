@@ -13,7 +13,8 @@ from moe_lab.controller import processes, shared
 from moe_lab.controller.cluster import Cluster
 from moe_lab.controller.spares import prestart_wanted
 from moe_lab import releases
-from moe_lab.experiments import protocol, reproduce
+from moe_lab.experiments import protocol
+from moe_lab.questions.reproduce import experiment as reproduce
 
 pytestmark = pytest.mark.cluster
 
@@ -38,10 +39,10 @@ def _warm_until_sent(c, **changes) -> None:
 def test_a_restart_takes_the_spare_engines_warmed_for_its_release(other_release):
     other = other_release
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
-        old = [p["pid"] for p in c._procs]
+        old = [p["pid"] for p in c.procs]
         assert c.prestart() and c.prestart()  # a second call keeps the one spare set
         _warm_until_sent(c, extra_path=other)
-        spare_ids = list(c._spare["ids"])
+        spare_ids = list(c.state.spare["ids"])
         assert len(_engines(c)) == 8  # 2 engines + their nannies, twice
         c.restart_engines(extra_path=other)
         assert c.engine_ids == spare_ids and c.summary()["megatron_core"] == OTHER
@@ -58,7 +59,7 @@ def test_a_spare_warmed_for_another_release_is_not_used(other_release):
         assert c.summary()["megatron_core"] == OTHER
         c.prestart()
         _warm_until_sent(c, extra_path=other)
-        spare_ids = list(c._spare["ids"])
+        spare_ids = list(c.state.spare["ids"])
         c.restart_engines(extra_path=(), env=(("MOE_LAB_TEST_X", "1"),))
         assert c.summary()["megatron_core"] == releases.installed_version()
         assert c.timings["imports_s"] > 0.5, c.timings  # fresh engines import torch + megatron-core themselves

@@ -1,8 +1,8 @@
-"""Reliability (#7): dead engines, hung collectives, interrupts, two clusters at once, dying kernels, bad input.
+"""Reliability: dead engines, hung collectives, interrupts, two clusters at once, dying kernels, bad input.
 
 Faults are injected with moe_lab.faults on a 2-engine cluster with timeout_s=10 of its own (never the shared
 `cpu_cluster`). Each test prints `TIME <fault>: <seconds>`; the README's Reliability table quotes them.
-Blame at 4 (and 8) engines (#16) uses a cluster of its own with timeout_s=8; docs/faults.md quotes its `FAULT` lines.
+Blame at 4 (and 8) engines uses a cluster of its own with timeout_s=8; docs/faults.md quotes its `FAULT` lines.
 """
 
 import _thread
@@ -191,7 +191,7 @@ def test_a_dead_engine_is_named_the_rest_stopped_and_the_cluster_restarts(fault_
     print(f"TIME {fault.__name__} rank {dead} (+1 s): {dt:.1f} s — {e}")
     assert e.kind == "died" and e.ranks == [dead] and e.stopped
     assert f"rank {dead} (engine {dead}, pid {pids[dead]}) died during MoE case allgather/none ({how})" in str(e)
-    assert dt < 1 + 10  # issue #7: noticed within 30 s
+    assert dt < 1 + 10  # noticed within 30 s
     assert c.client is None
     _assert_nothing_left(profile, pids)
     t0 = time.monotonic()
@@ -231,7 +231,7 @@ def test_ctrl_c_during_a_call_stops_the_engines(fault_cluster):
 @pytest.mark.cluster
 def test_sigterm_to_moe_lab_run_stops_kernel_and_engines(tmp_path):
     """`moe-lab run` gets SIGTERM while a notebook's cluster computes: runner, kernel, controller and engines all
-    end, the index marks the notebook interrupted and the next one not run, exit code 143 (128 + SIGTERM, #25) within
+    end, the index marks the notebook interrupted and the next one not run, exit code 143 (128 + SIGTERM) within
     10 s, the last line counting every process that ran under it."""
     nbs = _notebooks(tmp_path / "nbs", {
         "01": """
@@ -422,14 +422,14 @@ def test_stack_dumps_and_remote_tracebacks_name_the_collective():
     assert _collective_of(_remote_frames(Remote())) == ("all_reduce", "_all_reduce at faults.py:17")
 
 
-# ---------------------------------------------------------------------------------------------- #16 blame at 4+ ranks
+# ---------------------------------------------------------------------------------------------- blame at 4+ ranks
 # One rank skips, hangs in, or dies before an all-reduce that every other rank enters; only that rank may be named,
 # within the process-group timeout + 5 s, and nothing of the cluster may be left. MOE_LAB_FAULT_REPEATS=10 repeats
 # each fault (default 1: CI stays fast), the faulty rank cycling 1, 2, ..., n-1, 0; MOE_LAB_FAULT_ENGINES=4,8 picks
 # the engine counts (default 4; 8 engines start slowly on 2 cores). Each repeat prints one `FAULT ...` line, the
 # numbers docs/faults.md quotes.
 BLAME_TIMEOUT_S = 8  # the blame clusters' process-group timeout
-BLAME_BOUND_S = BLAME_TIMEOUT_S + 5  # issue #16: the cause is named within the process-group timeout + 5 s
+BLAME_BOUND_S = BLAME_TIMEOUT_S + 5  # the cause is named within the process-group timeout + 5 s
 REPEATS = max(1, int(os.environ.get("MOE_LAB_FAULT_REPEATS", "1")))
 BLAME_ENGINES = [int(n) for n in os.environ.get("MOE_LAB_FAULT_ENGINES", "4").split(",") if n.strip()]
 
@@ -439,7 +439,7 @@ BLAME_FAULTS = {
     "hang": (faults.sleep_on, (60,), "collective", "is still busy in sleep_on at faults.py"),
     "exit": (faults.exit_on, (3,), "died", "(exit code 3)"),
     "kill": (faults.kill_on, (), "died", "(killed by SIGKILL)"),
-    # #25: SIGSTOPped before it (a hung process: no stack dump), named by its process state, not 'another host'
+    # SIGSTOPped before it (a hung process: no stack dump), named by its process state, not 'another host'
     "stop": (faults.stop_on, (), "collective", "is stopped (process state 'stopped': SIGSTOP"),
 }
 
@@ -492,7 +492,7 @@ def test_only_the_faulty_rank_is_named(blame_cluster, fault, repeat):
 
 @pytest.mark.cluster
 def test_a_stopped_engine_outside_a_collective_is_named_and_kill_cont_resumes_it(blame_cluster):
-    """#25: rank 1 SIGSTOPs itself in a call without a collective; the call's timeout (5 s) names it with its engine,
+    """Rank 1 SIGSTOPs itself in a call without a collective; the call's timeout (5 s) names it with its engine,
     pid and process state, and says `kill -CONT PID` (not 'they keep running', not 'cannot be read from this host').
     The control: after SIGCONT the same cluster answers its health all-reduce on every rank."""
     c = _up(blame_cluster)
@@ -514,7 +514,7 @@ def test_a_stopped_engine_outside_a_collective_is_named_and_kill_cont_resumes_it
 
 @pytest.mark.cluster
 def test_a_stopped_engine_dropped_for_missed_heartbeats_is_said_stopped_not_dead(fault_cluster):
-    """#25: with a call timeout longer than ipyparallel's heartbeat allowance (10 missed 3 s pings, its defaults),
+    """With a call timeout longer than ipyparallel's heartbeat allowance (10 missed 3 s pings, its defaults),
     the hub drops a SIGSTOPped engine while its process lives: the report says it was dropped because it is stopped,
     with its engine and pid — not that it died — and the engines are stopped (nothing left)."""
     c = _up(fault_cluster)
@@ -558,7 +558,7 @@ def test_an_engine_still_exiting_when_the_hub_drops_it_is_reported_with_its_sign
 
 @pytest.mark.notebook
 def test_a_cluster_fault_under_run_is_exit_3_with_the_probe_line(tmp_path):
-    """#25 item 3: a notebook whose cluster loses an engine (rank 1 SIGKILLed) makes `moe-lab run` exit 3 with the
+    """A notebook whose cluster loses an engine (rank 1 SIGKILLed) makes `moe-lab run` exit 3 with the
     same line `probe` prints — rank, engine, pid, what it was doing, the signal — and the index says CLUSTER FAULT;
     the next notebook still runs. The control: a notebook that fails with another error keeps exit 1."""
     nbs = _notebooks(tmp_path / "nbs", {

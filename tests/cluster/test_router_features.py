@@ -1,4 +1,4 @@
-"""Router and expert features of production MoE models (#23) on 4 gloo engines, EP=4: each one reaches megatron's real
+"""Router and expert features of production MoE models on 4 gloo engines, EP=4: each one reaches megatron's real
 MoELayer (its output and routing differ from the same layer without it — the control that the check can fail),
 the weights stay a function of (seed, global expert) alone, and the probe's three comparisons run on it."""
 

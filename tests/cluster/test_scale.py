@@ -1,4 +1,4 @@
-"""Scale plan (#8) against the real layer on 4 gloo engines (EP=4): parameter bytes exactly, forward peaks closely."""
+"""Scale plan against the real layer on 4 gloo engines (EP=4): parameter bytes exactly, forward peaks closely."""
 
 import pytest
 

@@ -8,7 +8,8 @@ import pytest
 
 from moe_lab import profiles
 from moe_lab.controller import shared
-from moe_lab.experiments import probe, protocol, reproduce
+from moe_lab.experiments import probe, protocol
+from moe_lab.questions.reproduce import experiment as reproduce
 
 P = profiles.load("cpu", {"dispatchers": ["allgather"], "router_dtypes": ["none"], "trials": 1})
 
@@ -30,7 +31,7 @@ def run_cluster(tmp_path_factory):
 def test_a_notebook_attaches_and_leaves_the_engines_running_without_its_layers(run_cluster):
     c, _ = run_cluster
     pids = _on_engines(c, "os.getpid()")
-    probe.run(c, profiles.base_moe(P))  # the control: a case run on the engines leaves its layer cached there
+    probe.run(c, P.layer)  # the control: a case run on the engines leaves its layer cached there
     assert _on_engines(c, "len(STATE.get('layers', {}))") == [1, 1, 1, 1]
     recs = protocol.run(reproduce, P)
     assert recs and all(r["shared_cluster"] for r in recs)
@@ -47,7 +48,7 @@ def test_without_a_shared_cluster_a_notebook_starts_its_own(run_cluster, monkeyp
 
 def test_other_cases_start_their_own_cluster_and_the_shared_one_stays(run_cluster):
     c, _ = run_cluster
-    recs = protocol.run(reproduce, {**P, "engines": 2})
+    recs = protocol.run(reproduce, P.with_overrides(engines=2))
     assert recs[0]["world"] == 2 and not recs[0]["shared_cluster"]
     assert all(h["ok"] for h in c.health_check())
 

@@ -1,4 +1,4 @@
-"""#25 item 4: Ctrl-C and SIGTERM under `moe-lab run` (three notebooks on the run's shared cluster of 4 CPU engines) and
+"""Ctrl-C and SIGTERM under `moe-lab run` (three notebooks on the run's shared cluster of 4 CPU engines) and
 under `probe` while its cluster starts. The contract: exit 128 + the signal (Ctrl-C 130, SIGTERM 143) within 10 s of
 it (a container runtime's grace before SIGKILL); the last stderr line 'interrupted (…); stopped N process(es) in S s,
 none left running' with N the processes the command had started when the signal came; none of them left; and no

@@ -1,4 +1,4 @@
-"""#25 item 3: an engine that dies before it registers is said within seconds — its pid and how it ended — not after
+"""An engine that dies before it registers is said within seconds — its pid and how it ended — not after
 the whole start timeout as "3 of 4 engines registered". The fault: a sitecustomize on the engines' PYTHONPATH that
 ends the first `ipyparallel.engine` process to start (exit code 7, or SIGKILL) before it can register; the other
 engines, the nannies and the controller start normally. The control: the same cluster without it starts."""

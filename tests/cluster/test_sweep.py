@@ -3,7 +3,8 @@
 import pytest
 
 from moe_lab import profiles
-from moe_lab.experiments import promotion, protocol
+from moe_lab.questions.promotion import experiment as promotion
+from moe_lab.experiments import protocol
 from moe_lab import results
 
 

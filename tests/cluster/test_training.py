@@ -1,4 +1,4 @@
-"""Notebook 06 on 4 gloo engines (#24): the lab's data-parallel step (megatron DDP's arithmetic, written out because
+"""Notebook 06 on 4 gloo engines: the lab's data-parallel step (megatron DDP's arithmetic, written out because
 megatron's DDP and optimizer cannot run over gloo / on CPU) equals EP=1 in fp64 at EP=2 and 4 and at TP 2 x EP 2
 (sequence parallel; ETP 2 and ETP 1), and a wrong expert gradient scale and a missing sequence-parallel all-reduce of
 the router gradient are each caught by the same comparison; in bf16 every record carries its layout and the findings
@@ -7,8 +7,9 @@ read them."""
 import pytest
 
 from moe_lab import profiles
-from moe_lab.experiments import protocol, training
-from moe_lab.findings import training as ft
+from moe_lab.experiments import protocol
+from moe_lab.questions.training import experiment as training
+from moe_lab.questions.training import findings as ft
 
 pytestmark = pytest.mark.cluster
 

@@ -10,7 +10,8 @@ import torch
 
 from moe_lab import metrics, profiles
 from moe_lab.config import MoEConfig
-from moe_lab.experiments import protocol, truncation, truncation_verdict
+from moe_lab.experiments import protocol
+from moe_lab.questions.truncation import experiment as truncation, verdict as truncation_verdict
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""World 1 is a valid cluster (#13): one CPU engine. Cross-rank comparisons are not applicable and say why; reruns and
+"""World 1 is a valid cluster: one CPU engine. Cross-rank comparisons are not applicable and say why; reruns and
 truncation are measured; the CLI and every experiment run through."""
 
 import json
@@ -10,7 +10,10 @@ import pytest
 from moe_lab import profiles
 from moe_lab.config import ClusterConfig, MoEConfig
 from moe_lab.controller.cluster import Cluster
-from moe_lab.experiments import localise, probe, protocol, reproduce, truncation, truncation_verdict
+from moe_lab.questions.localise import experiment as localise
+from moe_lab.experiments import probe, protocol
+from moe_lab.questions.reproduce import experiment as reproduce
+from moe_lab.questions.truncation import experiment as truncation, verdict as truncation_verdict
 
 pytestmark = pytest.mark.cluster
 
@@ -35,7 +38,7 @@ def test_probe_at_world_one(one):
 def test_localise_and_truncation_at_world_one(one):
     P = profiles.load("cpu", {"engines": 1, "dispatchers": ["allgather"], "trials": 1})
     recs = protocol.run(localise, P, cluster=one)
-    cases = [r for r in recs if r["record"] == "case"]
+    cases = [r for r in recs if r["kind"] == "case"]
     assert len(cases) == 3 and all(c["first_divergent_stage"] is None and not c["cross_rank_applicable"] for c in cases)
     assert "one rank — no stage compared" in localise.verdict(recs)
     assert "[N/A]" in localise.verdict(recs) and "[PASS]" not in localise.verdict(recs)  # nothing compared: no PASS

@@ -1,6 +1,6 @@
 """On the device machine. `gpu`: one GPU is enough — the seed report's layer at EP=4 with four ranks sharing the GPU
 (virtual EP over gloo: the GPU kernels' effects, gloo's fixed reduction order). `multigpu`: one rank per GPU over
-NCCL, needs >= 2 GPUs. What is asserted is what the one-GPU issue (#13) asks; every number is printed for the log."""
+NCCL, needs >= 2 GPUs. What is asserted is what the one-GPU issue asks; every number is printed for the log."""
 
 import os
 
@@ -9,7 +9,8 @@ import pytest
 from moe_lab.config import MoEConfig
 from moe_lab.controller.cluster import Cluster
 from moe_lab.controller.placement import default_config
-from moe_lab.experiments import probe, remedies, truncation
+from moe_lab.experiments import probe, remedies
+from moe_lab.questions.truncation import experiment as truncation
 from moe_lab.findings import labels
 
 SEED = MoEConfig.seed_report()
@@ -94,7 +95,7 @@ def test_truncation_fails_plain_and_holds_with_ordered_combine_and_no_splitk(vir
 
 @pytest.mark.gpu
 def test_no_splitk_makes_the_expert_gemms_batch_invariant(virtual4):
-    """#6: the seed layer's expert fc1/fc2 rows inside M rows vs alone, plain cuBLAS vs split-K forbidden."""
+    """The seed layer's expert fc1/fc2 rows inside M rows vs alone, plain cuBLAS vs split-K forbidden."""
     if not remedies.splitk_control_available():
         pytest.skip("this torch cannot forbid split-K")
     states = [{"emulation": "none", "remedy": r, "tile": None} for r in ("none", "no_splitk")]
@@ -121,7 +122,7 @@ def test_router_fp32_with_deterministic_mode_makes_ranks_and_reruns_bitwise_equa
 
 @pytest.mark.gpu
 def test_one_rank_on_one_gpu_is_a_valid_cluster():
-    """#13: world 1 — cross-rank is not applicable (and says why); rerun and truncation are measured."""
+    """World 1 — cross-rank is not applicable (and says why); rerun and truncation are measured."""
     with Cluster(default_config(device="cuda", engines=1, timeout_s=600)) as c:
         assert c.info[0]["backend"] == "nccl" and c.info[0]["placement"] == "one rank per GPU"
         rec = _show(probe.run(c, SEED.replace(dispatcher="allgather", router_dtype="fp64"), trials=2, repeats=0))
@@ -161,7 +162,7 @@ def test_seed_report_layer_runs_and_is_compared_in_full(nccl_cluster, dispatcher
 
 @pytest.mark.multigpu
 def test_restart_engines_switches_release_on_gpus(nccl_cluster):
-    """#5 on NCCL: switching megatron-core release restarts only the engines (same controller), one per GPU."""
+    """On nccl: switching megatron-core release restarts only the engines (same controller), one per GPU."""
     from pathlib import Path
 
     from moe_lab import releases
@@ -171,10 +172,10 @@ def test_restart_engines_switches_release_on_gpus(nccl_cluster):
     other = next((v for v in ("0.19.2", "0.12.3") if any(wheels.glob(f"megatron_core-{v}*"))), None)
     if other is None:
         pytest.skip(f"no other megatron-core release in {wheels} (set MOE_LAB_RELEASES)")
-    controller, cold = nccl_cluster._ipp, nccl_cluster.timings["ready_s"]
+    controller, cold = nccl_cluster.state.ipp, nccl_cluster.timings["ready_s"]
     nccl_cluster.restart_engines(extra_path=protocol.release_path(other, str(wheels)))
     try:
-        assert nccl_cluster.summary()["megatron_core"] == other and nccl_cluster._ipp is controller
+        assert nccl_cluster.summary()["megatron_core"] == other and nccl_cluster.state.ipp is controller
         assert {i["backend"] for i in nccl_cluster.info} == {"nccl"}
         rec = probe.run(nccl_cluster, SEED.replace(dispatcher="alltoall"), repeats=1)
         assert rec["megatron_core"] == other and rec["cross_rank"]["numel"] == 1024 * 4096

@@ -1,4 +1,4 @@
-"""On the device machine (#24): the lab's training step (engine/train.py: megatron DDP's gradient arithmetic and
+"""On the device machine: the lab's training step (engine/train.py: megatron DDP's gradient arithmetic and
 optimizer semantics written out, because over gloo and on CPU megatron's own cannot run) against megatron-core's own
 DistributedDataParallel + get_megatron_optimizer — bf16 params, fp32 main weights, Adam — for a few steps at world 1
 (NCCL, one rank on one GPU), plus the control: the lab's step with another learning rate must be told apart."""

@@ -65,14 +65,13 @@ def test_the_cpu_profile_keeps_its_budget(cpu_report, cpu_gemm):
 
 
 def test_index_cards_say_what_the_notebooks_say(cpu_report):
-    """#26: every card finding of index.json is a finding the notebook's own verdict states (same status and claim),
+    """Every card finding of index.json is a finding the notebook's own verdict states (same status and claim),
     rendered from the same results.json; `moe-lab findings` gives the same headlines without engines or torch."""
     index = cpu_report["index"]
     verdicts = {r["notebook"]: r["verdict"] for r in index["notebooks"]}
-    from moe_lab.findings import registry
+    from moe_lab import questions
 
-    nb_of = {e.name: e.notebook for e in registry.EXPERIMENTS}
-    nb_of.update({name: nb for nb, names in registry.NOTEBOOK_EXPERIMENTS.items() for name in names})  # 01: layouts
+    nb_of = {name: q.number for q in questions.QUESTIONS for name in q.experiments}
     assert index["cards"]
     for card in index["cards"]:
         assert card["placement"] and card["layer"]
@@ -121,16 +120,17 @@ def test_01_records_the_divergence(cpu_report):
 
 
 def test_01_compares_every_layout_with_the_reference(cpu_report):
-    """#23 item 3: every layout of the cpu profile x dispatcher x router dtype (none, fp32) measured against EP=1, the
+    """Every layout of the cpu profile x dispatcher x router dtype (none, fp32) measured against EP=1, the
     case's own layout on its record; the reference against itself is the control (equal); allgather at EP=4 sums a
     token's expert outputs in another order than EP=1 (the gloo combine), so it differs from it."""
     recs = [r for r in cpu_report["results"] if r["notebook"] == "01" and r.get("kind") == "layout"]
     from moe_lab import profiles
 
     p = profiles.load("cpu")
-    assert len(recs) == len(p["layouts"]) * len(p["dispatchers"]) * len(p["layout_router_dtypes"])
+    lp = p.question("reproduce")
+    assert len(recs) == len(lp.layouts) * len(p.run.dispatchers) * len(lp.layout_router_dtypes)
     by = {(r["dispatcher"], r["router_dtype"], r["layout"]): r for r in recs}
-    for d in p["dispatchers"]:
+    for d in p.run.dispatchers:
         assert by[(d, "none", "tp 1 × ep 1")]["vs_reference"]["bitwise_equal"]  # the control
         tp2 = by[(d, "none", "tp 2 × ep 2")]
         assert (tp2["tp"], tp2["ep"], tp2["etp"]) == (2, 2, 2) and tp2["grad_enabled"] is False
@@ -139,7 +139,7 @@ def test_01_compares_every_layout_with_the_reference(cpu_report):
 
 
 def test_a_rerun_with_another_layer_parameter_reuses_nothing(cpu_report):
-    """#12: notebook 01 again into the same report directory at seq_len 96: every case is measured anew (the resume
+    """Notebook 01 again into the same report directory at seq_len 96: every case is measured anew (the resume
     key covers the layer), the old records stay in results.json, and the notebook shows only the new ones."""
     out = cpu_report["out"]
     before = [r for r in json.loads((out / "results.json").read_text()) if r["notebook"] == "01"]
@@ -219,7 +219,7 @@ def test_lab_serves_the_notebooks():
 
 
 def test_a_rerun_with_the_same_parameters_says_it_reused_every_case(cpu_report):
-    """#25 item 5: notebook 01 again into the same report with the cpu profile's own parameters: nothing is measured,
+    """Notebook 01 again into the same report with the cpu profile's own parameters: nothing is measured,
     and the terminal, the notebook (and so its HTML) and the index all say 0 measured, 26 reused. The control is the
     seq_len=96 rerun above: it measured its 6 cases."""
     out = cpu_report["out"]
@@ -237,16 +237,16 @@ def test_a_rerun_with_the_same_parameters_says_it_reused_every_case(cpu_report):
 
 
 def test_02_finds_the_combine_not_the_gather(cpu_report):
-    cases = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "case"]
+    cases = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("kind") == "case"]
     by = {(c["dispatcher"], c["variant"]): c for c in cases}
     plain = by[("allgather", "bf16 (nothing)")]
     assert plain["first_divergent_stage"] == "combine.comm" and plain["probs_gather_dtype"] == "bfloat16"
     assert by[("allgather", "probs fp32 before gather (reporter's fix)")]["first_divergent_stage"] is None
     assert by[("allgather", "moe_router_dtype=fp32")]["combine_dtype"] == "float32"
-    stages = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "stage"]
+    stages = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("kind") == "stage"]
     gathered = [r for r in stages if r["stage"] == "dispatch.comm.probs" and r["dispatcher"] == "allgather"]
     assert gathered and all(r["bitwise_equal"] for r in gathered)  # the all-gather copies bits
-    ledger = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("record") == "collective"]
+    ledger = [r for r in cpu_report["results"] if r["notebook"] == "02" and r.get("kind") == "collective"]
     assert {"op", "dtype", "role"} <= set(ledger[0])
 
 
@@ -332,7 +332,7 @@ def test_06_training_layouts_reruns_and_the_budget_share(cpu_report, cpu_gemm):
     global weights; in deterministic mode the reruns are bitwise equal (CPU kernels) while the layouts part (the
     control that the comparison can fail); the notebook's cases stay within 2 min where the CPU's bf16 GEMM is not a
     slow path (as the profile budget)."""
-    from moe_lab.findings import training as ft
+    from moe_lab.questions.training import findings as ft
 
     recs = [r for r in cpu_report["results"] if r["notebook"] == "06"]
     assert recs and all(r["available"] for r in recs), [r.get("reason") for r in recs if not r.get("available")]
@@ -359,7 +359,7 @@ def test_07_answers_for_each_scaled_preset(cpu_report):
     """Two presets scaled to 1/8, each labelled so; per preset the allgather's plain bf16 ranks part at EP=4 (the
     combine's reduce-scatter order over gloo, as notebook 01 shows for the seed layer) and the findings name where
     and what fixes it; every preset x dispatcher has its row."""
-    from moe_lab.findings import presets as found
+    from moe_lab.questions.presets import findings as found
 
     recs = [r for r in cpu_report["results"] if r["notebook"] == "07"]
     models = {r["config"]["model"] for r in recs}

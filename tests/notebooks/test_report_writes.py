@@ -1,4 +1,4 @@
-"""#25 item 2/3: a report folder that stops taking writes during `moe-lab run` — every finished record and page is kept,
+"""A report folder that stops taking writes during `moe-lab run` — every finished record and page is kept,
 the run stops there and says in one line which file it could not write, exit 3 (a failure mid-run); no traceback on
 stderr (it is in --log).
 
@@ -113,7 +113,7 @@ def _check_failure(p, out, log, kept, bad: str, why: str, t0: float, label: str)
                     f"--out, and run again: finished cases are reused (traceback: {log})"), err[-3000:]
     assert "Traceback" not in err and [ln for ln in err.splitlines() if ln.startswith("moe-lab")] == [last], err
     assert {f: (out / f).read_bytes() for f in kept} == kept  # every finished record and page as it was
-    assert json.loads(kept["results.json"]) == [{"notebook": "t1", "x": 1}]
+    assert json.loads(kept["results.json"]) == [{"notebook": "t1", "x": 1, "schema": 2}]  # written typed
     assert "ReportWriteError" in log.read_text()
     assert _left(out) == []  # 02's kernel included
 

@@ -1,5 +1,23 @@
-"""Record builders for the findings tests (the layouts the experiments write), one place for the unit and property
-tests alike."""
+"""Record builders for the findings tests, one place for the unit and property tests alike. Each record is built the
+way the experiments build theirs: its own fields through the experiment's record type (`experiments/*_record.py`),
+comparisons through `records.Comparison`, composed with the header fields by `records.compose` (which refuses a key
+stated twice with two values), in the current schema."""
+
+from moe_lab.questions.compound.record import BackwardRecord
+from moe_lab.questions.reproduce.layouts_record import LayoutRecord
+from moe_lab.questions.localise.record import LocaliseCase
+from moe_lab.questions.presets.record import PresetRecord
+from moe_lab.experiments.probe_record import ProbeRecord
+from moe_lab.questions.promotion.record import PromotionRecord
+from moe_lab.questions.training.record import TrainingRecord
+from moe_lab.questions.truncation.record import KernelRecord, TruncationCase
+from moe_lab.records import SCHEMA, Comparison, compose
+
+
+def _record(header: dict, body, **kw) -> dict:
+    """header + the record type's fields + the test's own extras (`kw` may restate a field: it wins, as a test's
+    variation of the record)."""
+    return {"schema": SCHEMA, **compose({**ENV, **header}, body.asdict()), **kw}
 
 ENV = dict(megatron_core="0.16.1", world=4, device="cuda", gpu="NVIDIA H200", backend="gloo", ranks_per_gpu=4,
            placement="4 ranks share each GPU (virtual EP)", config={"hidden": 64, "num_experts": 8, "topk": 2,
@@ -9,78 +27,101 @@ ENV = dict(megatron_core="0.16.1", world=4, device="cuda", gpu="NVIDIA H200", ba
 
 def cmp(n=0, trials=5, n_differ=None, numel=1000):
     n_differ = (trials if n else 0) if n_differ is None else n_differ
-    return {"numel": numel, "n_mismatch": n, "mismatch_frac": n / numel, "bitwise_equal": n == 0 and n_differ == 0,
-            "max_ulp": 3.0 if n else 0.0, "max_abs": 0.01 if n else 0.0, "allclose_1e3": n == 0, "assert_close": True,
-            "trials": trials, "n_differ": n_differ, "per_trial": [n if i < n_differ else 0 for i in range(trials)]}
+    c = Comparison.counted(numel, n, max_ulp=3.0 if n else 0.0, max_abs=0.01 if n else 0.0, allclose_1e3=n == 0,
+                           assert_close=True, trials=trials, n_differ=n_differ,
+                           per_trial=[n if i < n_differ else 0 for i in range(trials)])
+    d = c.asdict()
+    d["bitwise_equal"] = n == 0 and n_differ == 0  # a worst trial without mismatch can still have differed
+    return d
 
 
 def rec01(d, r, cross, rerun, **kw):
-    return dict(ENV, notebook="01", kind="case", case_key=f"01/{d}/{r}", dispatcher=d, router_dtype=r,
-                cross_rank=cross, rerun=rerun, truncation=cmp(), deterministic=False, **kw)
+    return _record(dict(notebook="01", kind="case", case_key=f"01/{d}/{r}", dispatcher=d, router_dtype=r,
+                        deterministic=False),
+                   ProbeRecord(cross_rank=_c(cross), rerun=_c(rerun), truncation=_c(cmp()), t_forward_s=0.01), **kw)
 
 
 def case02(d, variant, first, kind="replicated", **kw):
-    return dict(ENV, notebook="02", record="case", case_key=f"{d}/{variant}", dispatcher=d, variant=variant,
-                first_divergent_stage=first, first_divergent_kind=kind if first else None, trials=3,
-                out_mismatch_frac=0.3 if first else 0.0, out_max_ulp=4.0 if first else 0.0,
-                probs_gather_dtype="bfloat16", combine_op="reduce_scatter_tensor", combine_dtype="bfloat16",
-                cross_rank_applicable=True, **kw)
+    return _record(dict(notebook="02", kind="case", case_key=f"{d}/{variant}", dispatcher=d, variant=variant),
+                   LocaliseCase(first_divergent_stage=first, trials=3, first_divergent_per_trial=[first] * 3,
+                                first_divergent_kind=kind if first else None, first_divergent_by_pair={},
+                                out_mismatch_frac=0.3 if first else 0.0, out_max_ulp=4.0 if first else 0.0,
+                                cross_rank_applicable=True, probs_gather_dtype="bfloat16", combine_dtype="bfloat16",
+                                combine_op="reduce_scatter_tensor", out_dtype="bfloat16", bytes_compared=0), **kw)
+
+
+def _cell_body(record_type, cross, rerun, cross_differ, ratio, ci, first=None):
+    return record_type(cross_rank=_c(cmp(cross, n_differ=cross_differ)), rerun=_c(cmp(rerun)), truncation=_c(cmp()),
+                       t_forward_s=0.01 * ratio, probs_dtype="bfloat16", combine_op="reduce_scatter_tensor",
+                       combine_dtype="bfloat16", out_dtype="bfloat16", first_divergent_stage=first,
+                       first_divergent_kind="replicated" if first else None,
+                       cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01 * ratio})
 
 
 def cell(d="allgather", r="none", pf32=False, det=False, cross=0, rerun=0, ratio=1.0, ci=(0.95, 1.05),
          cross_differ=None, **kw):
-    return dict(ENV, notebook="03", kind="case", case_key=f"03/{d}/{r}/{pf32}/{det}", dispatcher=d, router_dtype=r,
-                probs_fp32_gather=pf32, deterministic=det, cross_rank=cmp(cross, n_differ=cross_differ),
-                rerun=cmp(rerun), truncation=cmp(), cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01 * ratio},
-                **kw)
+    return _record(dict(notebook="03", kind="case", case_key=f"03/{d}/{r}/{pf32}/{det}", dispatcher=d,
+                        router_dtype=r, probs_fp32_gather=pf32, deterministic=det),
+                   _cell_body(PromotionRecord, cross, rerun, cross_differ, ratio, ci), **kw)
 
 
 def preset07(model, d="allgather", r="none", det=False, cross=0, rerun=0, first=None, ratio=1.0, ci=(0.95, 1.05),
              **kw):
-    """A notebook-07 cell (experiments.presets: 03's cell on a model preset's layer)."""
-    c = cell(d, r, det=det, cross=cross, rerun=rerun, ratio=ratio, ci=ci, **kw)
-    c.update(notebook="07", experiment="presets", case_key=f"07/{model}/{d}/{r}/{det}",
-             config=dict(ENV["config"], model=model), first_divergent_stage=first,
-             first_divergent_kind="replicated" if first else None, probs_dtype="bfloat16",
-             combine_op="reduce_scatter_tensor", combine_dtype="bfloat16")
-    return c
+    """A notebook-07 cell (questions.presets.experiment: 03's cell on a model preset's layer)."""
+    return _record(dict(notebook="07", kind="case", experiment="presets", case_key=f"07/{model}/{d}/{r}/{det}",
+                        dispatcher=d, router_dtype=r, probs_fp32_gather=False, deterministic=det,
+                        config=dict(ENV["config"], model=model)),
+                   _cell_body(PresetRecord, cross, rerun, None, ratio, ci, first), **kw)
 
 
 def case04(d, remedy, trunc, rerun=None, ratio=1.0, ci=(0.97, 1.03), world=4, ws="unset", emu="none", tile=None,
            **kw):
-    return dict(ENV, notebook="04", kind="case", case_key=f"04/{d}/{remedy}/{world}/{ws}/{emu}/{tile}", available=True,
-                world=world, workspace=ws, dispatcher=d, remedy=remedy, tile=tile, emulation=emu,
-                emulated=emu != "none", router_dtype="fp64", truncation=trunc, rerun=rerun or cmp(),
-                one_ulp_fails_frac=0.5, cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01}, **kw)
+    return _record(dict(notebook="04", kind="case", case_key=f"04/{d}/{remedy}/{world}/{ws}/{emu}/{tile}",
+                        world=world, workspace=ws, dispatcher=d, router_dtype="fp64"),
+                   TruncationCase(remedy=remedy, emulation=emu, emulated=emu != "none", tile=tile, available=True,
+                                  truncation=_c(trunc), rerun=_c(rerun or cmp()), one_ulp_fails_frac=0.5,
+                                  cost={"ratio": ratio, "ci": list(ci), "t_with_s": 0.01}), **kw)
 
 
 def kernel04(linear, M, equal, device="cpu", **kw):
-    return dict(ENV, notebook="04", kind="kernel", case_key=f"k/{linear}/{M}", device=device, linear=linear, M=M,
-                m=128, K=256, N=512, remedy="none", emulation="none", emulated=False, world=4, workspace="unset",
-                kernel=cmp(0 if equal else 3, trials=1), **kw)
+    return _record(dict(notebook="04", kind="kernel", case_key=f"k/{linear}/{M}", device=device, world=4,
+                        workspace="unset"),
+                   KernelRecord.of_row(dict(emulation="none", remedy="none", linear=linear, K=256, N=512, M=M, m=128,
+                                            kernel=_c(cmp(0 if equal else 3, trials=1)))), **kw)
 
 
 def back05(d, setting, bad=(), available=True, **kw):
     from moe_lab.findings.labels import FWD_CMPS, GRAD_CMPS
+    from moe_lab.records import Unavailable
 
-    r = dict(ENV, notebook="05", kind="backward", case_key=f"05/{d}/{setting}", dispatcher=d, setting=setting,
-             available=available, trials=3, backward_first_divergent=None, backward_ledger=[], **kw)
+    head = dict(notebook="05", kind="backward", case_key=f"05/{d}/{setting}", dispatcher=d, setting=setting, trials=3)
     if not available:
-        return dict(r, reason="ValueError: needs TransformerEngine")
-    for k in FWD_CMPS + GRAD_CMPS:
-        r[k] = cmp(7, trials=3, numel=1024 * 64) if k in bad else cmp(trials=3, numel=1024 * 64)
-    return r
+        return _record(head, Unavailable("ValueError: needs TransformerEngine"), **kw)
+    cmps = {k: _c(cmp(7, trials=3, numel=1024 * 64) if k in bad else cmp(trials=3, numel=1024 * 64))
+            for k in FWD_CMPS + GRAD_CMPS}
+    return _record(head, BackwardRecord(**cmps, backward_first_divergent=None, backward_ledger=[]), **kw)
+
+
+def _c(d):
+    """A comparison dict → its type (what the record types hold)."""
+    from moe_lab.records import parse_comparison
+
+    return parse_comparison(d)
 
 
 def lay01(d, layout, vs_ref, rerun=None, *, r="none", ref="tp 1 × ep 1", routing=0, **kw):
-    """A notebook-01 layout record (experiments.layouts): `layout` against `ref` (n differing output elements)."""
+    """A notebook-01 layout record (questions.reproduce.layouts): `layout` against `ref` (n differing output elements)."""
     stages = {"router.logits": cmp(), "router.probs": cmp(), "router.routing_map": cmp(routing), "out": vs_ref}
     first = next((k for k in ("router.logits", "router.probs", "router.routing_map", "out")
                   if stages[k].get("n_differ")), None)
-    return dict(ENV, notebook="01", experiment="layouts", kind="layout", case_key=f"01/{d}/{r}/{layout}",
-                dispatcher=d, router_dtype=r, layout=layout, reference_layout=ref, is_reference=layout == ref,
-                vs_reference=vs_ref, rerun=rerun or cmp(), cross_rank=cmp(), stages_vs_reference=stages,
-                first_divergent_stage=first, deterministic=False, **kw)
+    return _record(dict(notebook="01", experiment="layouts", kind="layout", case_key=f"01/{d}/{r}/{layout}",
+                        dispatcher=d, router_dtype=r, deterministic=False),
+                   LayoutRecord(layout=layout, reference_layout=ref, is_reference=layout == ref, etp=1,
+                                sequence_parallel=False, vs_reference=_c(vs_ref), rerun=_c(rerun or cmp()),
+                                cross_rank=_c(cmp()), stages_vs_reference={k: _c(v) for k, v in stages.items()},
+                                first_divergent_stage=first), **kw)
+
+
 def pack(values, code: str) -> str:
     """The engine's packing of a routing tensor (zlib + base64 of array bytes), in pure Python."""
     import array
@@ -119,9 +160,11 @@ def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how
                 idx[0] = 7
             per.append({"topk": pack(idx, "B"), "margin": pack([1e-3] * tokens, "f")})
         routing.append(per)
-    return dict(ENV, notebook="06", kind="train", experiment="training", available=True, **lay.fields(), run=run,
-                setting=setting, deterministic=det, layers=layers, reference_layout="ep1", dispatcher="allgather",
-                dp=lay.dp(4), expert_dp=lay.expert_dp(4), case_key=f"06/{setting}/{layers}/{det}/{lay.spec()}/{run}",
-                loss=loss, loss_hex=[float(x).hex() for x in loss],
-                grad_norm=[0.1] * steps, weights_fp=fps, weights_norm=[math.sqrt(16.0)] * (steps + 1),
-                weights_sketch=sketch, weights_tensors=17, routing=routing, topk=k, shares=4, **kw)
+    head = dict(notebook="06", kind="train", experiment="training", **lay.fields(), run=run, setting=setting,
+                deterministic=det, layers=layers, reference_layout="ep1", dispatcher="allgather",
+                case_key=f"06/{setting}/{layers}/{det}/{lay.spec()}/{run}")
+    return _record(head, TrainingRecord(dp=lay.dp(4), expert_dp=lay.expert_dp(4), loss=loss,
+                                        loss_hex=[float(x).hex() for x in loss], grad_norm=[0.1] * steps,
+                                        weights_fp=fps, weights_norm=[math.sqrt(16.0)] * (steps + 1),
+                                        weights_sketch=sketch, weights_tensors=17, routing=routing, topk=k, shares=4),
+                   **kw)

@@ -1,4 +1,4 @@
-"""bench's equality rule: on GPU only deterministic-mode configs are held equal between the two paths (#8)."""
+"""bench's equality rule: on GPU only deterministic-mode configs are held equal between the two paths."""
 
 from moe_lab.tools import bench
 from moe_lab.config import MoEConfig

@@ -1,12 +1,12 @@
-"""Holding one placement against another (#17): verdicts and magnitudes per case, and why they may differ."""
+"""Holding one placement against another: verdicts and magnitudes per case, and why they may differ."""
 
+from moe_lab.records import Comparison
 from moe_lab.reporting import compare
 
 
 def c(n, trials=5, n_differ=None):
     n_differ = (trials if n else 0) if n_differ is None else n_differ
-    return {"numel": 1000, "n_mismatch": n, "mismatch_frac": n / 1000, "bitwise_equal": n == 0, "trials": trials,
-            "n_differ": n_differ}
+    return Comparison.counted(1000, n, trials=trials, n_differ=n_differ).asdict()
 
 
 def rec01(place, d, r, cross, rerun):

@@ -1,11 +1,12 @@
-"""compound._remedy: a setting's remedy string enters what it names, and only that."""
+"""compound.remedy_entered: a setting's remedy string enters what it names, and only that."""
 
 import contextlib
 
 import pytest
 
 from moe_lab.engine import compat
-from moe_lab.experiments import compound, remedies
+from moe_lab.questions.compound import experiment as compound
+from moe_lab.experiments import remedies
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def entered(monkeypatch):
     ("fp32_grad_reduce", "full", [("fp32_grad_reduce", (), {})]),
 ])
 def test_a_remedy_enters_what_it_names(entered, remedy, phase, want):
-    with compound._remedy(object(), remedy, phase):
+    with compound.remedy_entered(object(), remedy, phase):
         pass
     assert entered == want
 
@@ -48,6 +49,6 @@ def test_a_remedy_enters_what_it_names(entered, remedy, phase, want):
 def test_every_setting_names_a_remedy_that_enters_something_or_nothing_on_purpose(entered):
     for name, (_, remedy) in compound.SETTINGS.items():
         entered.clear()
-        with compound._remedy(object(), remedy, "truncated"):
+        with compound.remedy_entered(object(), remedy, "truncated"):
             pass
         assert bool(entered) == (remedy != "none"), name

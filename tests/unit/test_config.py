@@ -250,7 +250,7 @@ def test_cluster_frozen_and_replace():
 
 
 def test_the_cut_rule_is_one_function_used_by_every_entry_point():
-    """#22: check_cut states the truncation rule once; profiles, the protocol, the CLI, the layer and the scale tools
+    """Check_cut states the truncation rule once; profiles, the protocol, the CLI, the layer and the scale tools
     all raise its message (the control: a valid cut passes through)."""
     import inspect
 

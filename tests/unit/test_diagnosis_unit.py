@@ -1,4 +1,4 @@
-"""The blame rule of a failed or hung collective (#16), as a pure function: `diagnosis.blame` names a rank only if it
+"""The blame rule of a failed or hung collective, as a pure function: `diagnosis.blame` names a rank only if it
 is the cause — it returned without calling the collective, it is busy outside any collective, or its stack cannot be
 read — and never a victim (a rank that reported the collective's failure, or that waits in it)."""
 
@@ -58,7 +58,7 @@ def test_ranks_are_named_in_rank_order_with_one_note_each():
 
 
 def test_a_stopped_local_process_is_named_with_its_state_and_a_running_one_is_not():
-    """#25: a SIGSTOPped engine cannot dump its stack; `where` says it is stopped (process state), not that its stack
+    """A SIGSTOPped engine cannot dump its stack; `where` says it is stopped (process state), not that its stack
     'cannot be read from this host', and blame names it so. The control: the same process running reads as busy in
     its own code (its dump arrives), and a rank on another host is left to blame's 'cannot be read' note."""
     import platform

@@ -1,4 +1,4 @@
-"""The one owner of engine sets (#22), with fake clusters: which cluster serves each group, what is restarted,
+"""The one owner of engine sets, with fake clusters: which cluster serves each group, what is restarted,
 what goes back to the run's shared cluster, and what is stopped at the end."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""The findings' invariants (#26), held by property-based tests: hypothesis generates record sets that contradict the
+"""The findings' invariants, held by property-based tests: hypothesis generates record sets that contradict the
 usual story — missing fields, NaN/inf/0 costs, world 1, EP=2, mixed layer configs and placements, old schemas, only
 emulated cases, every cell skipped — and every finding built from them must still keep the rules."""
 
@@ -8,7 +8,8 @@ import os
 from hypothesis import HealthCheck, given, settings, strategies as st
 from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, preset07, rec01, train06
 
-from moe_lab.findings import NOT_MEASURED, PASS, Cost, registry, render
+from moe_lab import questions
+from moe_lab.findings import NOT_MEASURED, PASS, Cost, render
 from moe_lab.findings.common import choose
 from moe_lab.findings.model import Finding
 
@@ -100,19 +101,19 @@ def records(draw):
 
 
 def all_findings(recs) -> list[Finding]:
-    return [f for fs in registry.findings(recs).values() for f in fs]
+    return [f for fs in questions.findings(recs).values() for f in fs]
 
 
 @SETTINGS
 @given(records())
 def test_findings_never_raise_and_every_pass_rests_on_a_measured_record(recs):
-    by_nb = registry.findings(recs)  # never raises, whatever the records lack
+    by_nb = questions.findings(recs)  # never raises, whatever the records lack
     keys = {r.get("case_key") for r in recs if isinstance(r, dict)}
     for nb, fs in by_nb.items():
         for f in fs:
             assert f.status != PASS or (f.evidence.records and all(k in keys or k.startswith("unkeyed:")
                                                                     for k in f.evidence.records)), f
-        st_, text = registry.headline(fs)
+        st_, text = render.headline(fs)
         if st_ == PASS:
             assert any(f.status == PASS for f in fs)
         if not fs:
@@ -123,11 +124,11 @@ def test_findings_never_raise_and_every_pass_rests_on_a_measured_record(recs):
 @SETTINGS
 @given(records())
 def test_card_and_notebook_verdict_render_the_same_findings(recs):
-    by_nb = registry.findings(recs)
+    by_nb = questions.findings(recs)
     verdicts = {nb: render.verdict(fs) for nb, fs in by_nb.items()}
     for card in render.cards(by_nb):
         for f in card["findings"]:
-            nb = next(e.notebook for e in registry.EXPERIMENTS if e.name == f.experiment)
+            nb = questions.by_experiment(f.experiment).number
             assert f.text() in verdicts[nb]  # same status, claim and remedy as the notebook says
             # findings about different releases, placements or layer configs never share a card
             assert f.card_key() == (card["release"], card["dispatcher"], card["placement"], card["layer"])

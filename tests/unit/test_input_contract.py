@@ -1,4 +1,4 @@
-"""#25 item 1: every flag and every -p value is checked where it is parsed — one line on stderr, exit 2, nothing
+"""Every flag and every -p value is checked where it is parsed — one line on stderr, exit 2, nothing
 started — for the inputs that used to be accepted or to end in a traceback. The controls: the same flags with good
 values parse (a check that refused everything would pass the refusals)."""
 
@@ -60,7 +60,7 @@ def test_a_bad_parameter_is_refused_before_any_notebook_starts(kv, said, tmp_pat
 
 
 def test_a_profile_without_seq_len_takes_the_layer_default(tmp_path):
-    """A JSON profile that leaves seq_len out is the MoEConfig default, not a KeyError (#25)."""
+    """A JSON profile that leaves seq_len out is the MoEConfig default, not a KeyError."""
     import json
 
     from moe_lab import profiles
@@ -69,7 +69,7 @@ def test_a_profile_without_seq_len_takes_the_layer_default(tmp_path):
     p = tmp_path / "p.json"
     base = {"device": "cpu", "engines": 2, "dispatchers": ["allgather"], "router_dtypes": ["none"]}
     p.write_text(json.dumps({**base, "cut": 10}))
-    assert profiles.load(str(p))["cut"] == 10 and MoEConfig().seq_len > 10
+    assert profiles.load(str(p)).run.cut == 10 and MoEConfig().seq_len > 10
     p.write_text(json.dumps({**base, "cut": MoEConfig().seq_len}))  # control: the cut rule still holds
     with pytest.raises(ValueError, match="cut"):
         profiles.load(str(p))
@@ -83,17 +83,17 @@ def test_version_says_the_commit(capsys):
 
 
 def test_a_key_no_code_reads_is_unknown(tmp_path, capsys):
-    """#22: `repeats` was validated and read by nothing; it is no longer a parameter, so -p repeats=3 is refused like
+    """`repeats` was validated and read by nothing; it is no longer a parameter, so -p repeats=3 is refused like
     any unknown key (the control: trials, which notebooks read, is taken)."""
     rc = cli.main(["run", "--profile", "cpu", "--only", "01", "-p", "repeats=3", "--out", str(tmp_path / "r")])
     assert rc == 2 and "unknown key(s) ['repeats']" in capsys.readouterr().err
     from moe_lab import profiles
 
-    assert profiles.load("cpu", {"trials": 2})["trials"] == 2
+    assert profiles.load("cpu", {"trials": 2}).run.trials == 2
 
 
 def test_files_the_run_reads_fail_in_one_line_naming_the_path(tmp_path, capsys):
-    """#25 item 2: results.json that is a directory, a run lock that is a directory: one line with the path and the
+    """Results.json that is a directory, a run lock that is a directory: one line with the path and the
     reason, exit 2, no notebook started (the control: an empty folder is taken, see the notebook tests)."""
     out = tmp_path / "r1"
     (out / "results.json").mkdir(parents=True)
@@ -109,7 +109,7 @@ def test_files_the_run_reads_fail_in_one_line_naming_the_path(tmp_path, capsys):
 
 
 def test_compare_on_records_of_another_schema_is_one_line(tmp_path, capsys):
-    """#25 item 2: `compare` on records that lack the fields it reads (an older schema): one line naming both inputs,
+    """`compare` on records that lack the fields it reads (an older schema): one line naming both inputs,
     exit 2 — not KeyError 'dispatcher'. The control: the same command on well-formed records prints the comparison."""
     import json
 
@@ -130,7 +130,7 @@ def test_compare_on_records_of_another_schema_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("under", ["proc", "file"])
 def test_an_unusable_wheelhouse_folder_is_one_line(under, tmp_path, capsys):
-    """#25 item 2: `wheelhouse -o` under /proc or under a file: one line, exit 2, before any download."""
+    """`wheelhouse -o` under /proc or under a file: one line, exit 2, before any download."""
     if under == "file":
         (tmp_path / "f").write_text("")
         target = str(tmp_path / "f" / "wheels")
@@ -142,7 +142,7 @@ def test_an_unusable_wheelhouse_folder_is_one_line(under, tmp_path, capsys):
 
 
 def test_versions_install_without_an_index_is_one_failure_line_and_exit_3(tmp_path):
-    """#25 item 2: `versions install` with no package index reachable: exit 3 (a failure, not bad input), the last
+    """`versions install` with no package index reachable: exit 3 (a failure, not bad input), the last
     line names the release and pip's reason, no traceback on stderr, the traceback in --log, no partial folder left."""
     import os
     import subprocess

@@ -7,7 +7,7 @@ import pytest
 
 from moe_lab import profiles
 from moe_lab.controller.launchers import assign_ranks, launcher_settings, profile_parent
-from moe_lab.controller.placement import default_config
+from moe_lab.controller.placement import default_config, from_settings
 from moe_lab.config import LAUNCHERS, ClusterConfig
 from moe_lab.engine.dist import gpu_index
 
@@ -186,10 +186,10 @@ def test_profile_carries_the_launcher_to_the_cluster_config(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda cmd: "/usr/bin/" + cmd)
     params = profiles.load("cpu", {"launcher": "slurm", "engines": 8,
                                    "launcher_options": {"timelimit": "01:00:00", "queue": "gpu"}})
-    ccfg = profiles.cluster_config(params)
+    ccfg = from_settings(params.cluster)
     assert (ccfg.launcher, ccfg.engines, ccfg.launcher_options["queue"]) == ("slurm", 8, "gpu")
     assert ccfg.start_timeout_s == 120  # the default; a job that queues needs more:
-    assert profiles.cluster_config(profiles.load("cpu", {"start_timeout_s": 1800})).start_timeout_s == 1800
+    assert from_settings(profiles.load("cpu", {"start_timeout_s": 1800}).cluster).start_timeout_s == 1800
 
 
 @pytest.mark.parametrize("overrides, needle", [
@@ -206,7 +206,7 @@ def test_profile_bad_launcher(overrides, needle):
 def test_profile_bad_launcher_option_is_refused_before_any_notebook():
     params = profiles.load("cpu", {"launcher_options": {"mpi_arg": []}})
     with pytest.raises(ValueError, match="has no setting 'mpi_arg'"):
-        profiles.cluster_config(params)
+        from_settings(params.cluster)
 
 
 def test_launcher_ranks_order_the_engines_when_every_engine_has_one():

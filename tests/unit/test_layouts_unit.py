@@ -1,9 +1,10 @@
-"""Notebook 01's layout findings (findings.layouts) on constructed records: the words follow the records, a layout
+"""Notebook 01's layout findings (questions.reproduce.layouts_findings) on constructed records: the words follow the records, a layout
 whose own reruns differ says so, nothing measured is NOT MEASURED, and the registry keeps 01's two questions apart."""
 
 from hypothesis import given, settings, strategies as st
 
-from moe_lab.findings import layouts, registry
+from moe_lab.questions.reproduce import layouts_findings as layouts
+from moe_lab import questions
 from moe_lab.findings.model import FAIL, MIXED, NOT_MEASURED, PASS
 from tests.unit.records_factory import cmp, lay01, rec01
 
@@ -44,7 +45,7 @@ def test_some_trials_only_is_mixed_and_only_the_reference_is_not_measured():
 def test_notebook_01_renders_both_questions_and_neither_reads_the_others_records():
     recs = [rec01("allgather", "none", cmp(9), cmp(0)), lay01("allgather", REF, cmp(0)),
             lay01("allgather", "tp 1 × ep 4", cmp(9))]
-    fs = registry.findings(recs)["01"]
+    fs = questions.findings(recs)["01"]
     assert {f.experiment for f in fs} == {"reproduce", "layouts"}
     assert sum(f.experiment == "reproduce" for f in fs) == 1  # a layout record is not a cross-rank case
 
@@ -70,9 +71,9 @@ def test_every_status_is_backed_by_its_records(rows):
 
 
 def test_the_grad_mode_finding_counts_only_layouts_whose_forward_repeats():
-    """#23 item 4: a grad-enabled forward that differs is the grad mode's effect only where the layout's no-grad
+    """A grad-enabled forward that differs is the grad mode's effect only where the layout's no-grad
     reruns are bitwise equal (the control); where they differ too the note says it cannot tell them apart."""
-    from moe_lab.findings.layouts import grad_mode_note
+    from moe_lab.questions.reproduce.layouts_findings import grad_mode_note
 
     steady_moved = lay01("allgather", "tp 1 × ep 4", cmp(40), grad_vs_nograd=cmp(553, trials=1))
     steady_same = lay01("allgather", "tp 2 × ep 2", cmp(40), grad_vs_nograd=cmp(0, trials=1))
@@ -92,8 +93,8 @@ def test_deterministic_layout_cases_are_their_own_group_with_their_own_claim():
     """The layouts question with deterministic mode on (GPU profile): the same layouts again, engines started with
     the deterministic environment on GPUs only; their findings never merge with the plain ones."""
     from moe_lab import profiles
-    from moe_lab.experiments import layouts
-    from moe_lab.findings import layouts as found
+    from moe_lab.questions.reproduce import layouts
+    from moe_lab.questions.reproduce import layouts_findings as found
 
     p = profiles.load("cpu", {"dispatchers": ["allgather"], "layout_router_dtypes": ["none"],
                               "layouts": ["ep1", "ep4"], "layout_deterministic": [False, True]})

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from moe_lab.engine import toolkit
-from moe_lab.experiments import localise
-from moe_lab.experiments.localise import COPIES, COPIES_PER_EXPERT, LOCAL, REPLICATED
+from moe_lab.questions.localise import experiment as localise
+from moe_lab.questions.localise.experiment import COPIES, COPIES_PER_EXPERT, LOCAL, REPLICATED
 
 
 @pytest.mark.parametrize("stage, dispatcher, kind", [

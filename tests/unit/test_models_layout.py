@@ -1,4 +1,4 @@
-"""#23: model presets (with their sources), router-feature rules, the Layout and `moe-lab preflight` — each refusal
+"""Model presets (with their sources), router-feature rules, the Layout and `moe-lab preflight` — each refusal
 beside a value that passes, and the numbers checked against hand arithmetic."""
 
 import json
@@ -114,7 +114,7 @@ def test_preflight_memory_adds_up_over_ranks_sharing_a_gpu():
 
 
 def test_preflight_says_what_an_fp64_copy_of_the_weights_needs():
-    """#23 item 1: DeepSeek-V3's layer at EP=4 on one H200 — its fp64 copy is 4x the bf16 weights, per rank and per
+    """DeepSeek-V3's layer at EP=4 on one H200 — its fp64 copy is 4x the bf16 weights, per rank and per
     GPU, and whether it fits beside the bf16 layer (the control: a smaller GPU where it does not)."""
     cfg, p = preflight.layer_for("deepseek-v3", 1.0, 1024)
     big = preflight.plan(cfg, Layout(ep=4), preset=p, gpus=1, dispatchers=("alltoall",), gpu_memory_gib=139)
@@ -131,7 +131,7 @@ def test_preflight_json_and_profile_model_key(capsys):
     d = json.loads(capsys.readouterr().out)
     assert "4 CPU engines" in d["title"] and d["fits"] is None
     p = profiles.load("cpu", {"model": "moonlight-16b-a3b", "scale": 0.125})
-    base = profiles.base_moe(p)
-    assert base.model.startswith("moonlight-16b-a3b") and base.seq_len == p["seq_len"] and base.expert_bias
+    base = p.layer
+    assert base.model.startswith("moonlight-16b-a3b") and base.seq_len == p.raw()["seq_len"] and base.expert_bias
     with pytest.raises(ValueError, match="needs model"):
         profiles.load("cpu", {"scale": 0.5})

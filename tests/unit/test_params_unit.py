@@ -1,4 +1,4 @@
-"""#22 item 2: every notebook's parameters are one typed dataclass (defaults once, checks once), profiles are checked
+"""Every notebook's parameters are one typed dataclass (defaults once, checks once), profiles are checked
 against them, and no key is validated that nothing reads (the old `repeats`)."""
 
 from __future__ import annotations
@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from moe_lab import params as P
 from moe_lab import profiles
+from moe_lab import profiles as P
+from moe_lab.questions.compound.params import CompoundParams
+from moe_lab.questions.reproduce.params import LayoutParams
+from moe_lab.questions.truncation.params import TruncationParams
 import moe_lab
 from moe_lab.config import MoEConfig
 
@@ -29,17 +32,18 @@ def _unread(keys, texts) -> list[str]:
 
 
 def _without_checks(path: Path) -> str:
-    """A file's text with what only declares or validates keys blanked: `profiles.check` and its key sets, the
-    dataclasses' `__post_init__` and their field declarations. What is left reads keys (or nothing does)."""
+    """A file's text with what only declares, validates or parses keys blanked: `profiles.check` and its key sets,
+    `profiles._typed` (the flat profile → the run config's sections), the dataclasses' `__post_init__` and their
+    field declarations (the questions' and the run config's). What is left reads keys (or nothing does)."""
     import ast
 
     text = path.read_text()
     lines = text.splitlines()
     for node in ast.walk(ast.parse(text)):
-        declares = isinstance(node, ast.ClassDef) and path.name == "params.py"
+        declares = isinstance(node, ast.ClassDef) and path.name in ("params.py", "run_config.py")
         names_keys = isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("_COMMON", "_KNOWN", "_MOE_KEYS")
                                                           for t in node.targets)
-        if names_keys or isinstance(node, ast.FunctionDef) and node.name in ("check", "__post_init__"):
+        if names_keys or isinstance(node, ast.FunctionDef) and node.name in ("check", "__post_init__", "_typed"):
             for i in range(node.lineno - 1, node.end_lineno):
                 lines[i] = ""
         if declares:
@@ -79,19 +83,21 @@ def test_each_key_has_one_owner():
 
 
 def test_defaults_come_from_the_dataclass_and_a_profile_value_wins():
-    from moe_lab.experiments import compound, layouts
+    from moe_lab.questions.compound import experiment as compound
+    from moe_lab.questions.reproduce import layouts
 
     cpu = profiles.load("cpu", {"dispatchers": ["allgather"]})
-    without = {k: v for k, v in cpu.items() if k not in ("depth_layers", "depth_settings", "layouts",
-                                                          "layout_reference", "layout_router_dtypes")}
+    raw = cpu.raw()
+    without = profiles.parse({k: v for k, v in raw.items() if k not in (
+        "depth_layers", "depth_settings", "layouts", "layout_reference", "layout_router_dtypes")})
     depth = [c for c in compound.cases(without) if c.kind == "depth"]
-    assert {c.knobs["setting"] for c in depth} == set(P.CompoundParams.depth_settings)
-    assert max(c.knobs["layers"] for c in depth) == P.CompoundParams.depth_layers
+    assert {c.knobs["setting"] for c in depth} == set(CompoundParams.depth_settings)
+    assert max(c.knobs["layers"] for c in depth) == CompoundParams.depth_layers
     with pytest.raises(ValueError, match="layouts entry 'tp2,ep2,etp1'|layouts entry 'ep4'"):
-        layouts.cases({**without, "engines": 2})  # the default layouts need 4 ranks: refused, named
-    lay = layouts.cases({**without, "engines": 4})
-    assert [c.knobs["layout_spec"] for c in lay[:len(P.LayoutParams.layouts)]] == list(P.LayoutParams.layouts)
-    mine = layouts.cases({**without, "engines": 4, "layouts": ["ep4", "ep2"], "layout_reference": "ep2"})
+        layouts.cases(without.with_overrides(engines=2))  # the default layouts need 4 ranks: refused, named
+    lay = layouts.cases(without.with_overrides(engines=4))
+    assert [c.knobs["layout_spec"] for c in lay[:len(LayoutParams.layouts)]] == list(LayoutParams.layouts)
+    mine = layouts.cases(without.with_overrides(engines=4, layouts=["ep4", "ep2"], layout_reference="ep2"))
     assert [c.knobs["layout_spec"] for c in mine][:2] == ["ep2", "ep4"]  # the reference first
 
 
@@ -119,6 +125,6 @@ def test_each_notebooks_dataclass_refuses_bad_values_in_one_line(kv, said):
 def test_a_p_string_becomes_the_list_it_means():
     p = profiles.load("cpu", {"layouts": "ep1;tp2,ep2", "releases": "installed,0.12.3",
                               "truncation_remedies": "deterministic,no_splitk"})
-    assert p["layouts"] == ["ep1", "tp2,ep2"] and p["releases"] == ["installed", "0.12.3"]
-    assert P.TruncationParams.of(p).truncation_remedies == ("deterministic", "no_splitk")
-    assert P.LayoutParams.of(p).order() == ["ep1", "tp2,ep2"]
+    assert p.raw()["layouts"] == ["ep1", "tp2,ep2"] and p.raw()["releases"] == ["installed", "0.12.3"]
+    assert TruncationParams.of(p).truncation_remedies == ("deterministic", "no_splitk")
+    assert LayoutParams.of(p).order() == ["ep1", "tp2,ep2"]

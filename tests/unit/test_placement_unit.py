@@ -1,4 +1,4 @@
-"""Where ranks go (#13), without GPUs: one rank per GPU over NCCL, k ranks sharing a GPU over gloo (virtual EP), world 1,
+"""Where ranks go, without GPUs: one rank per GPU over NCCL, k ranks sharing a GPU over gloo (virtual EP), world 1,
 the per-GPU memory check, and the refusals — each one line naming the value and the rule."""
 
 import pytest

@@ -1,13 +1,13 @@
-"""Notebook 07 without engines (#23 item 2): the grid a profile's "presets" object makes, its checks, and findings
+"""Notebook 07 without engines: the grid a profile's "presets" object makes, its checks, and findings
 built from records that contradict the usual story (reruns that differ, no fix in the grid, a missing plain cell)."""
 
 import pytest
 from records_factory import preset07
 
 from moe_lab import profiles
-from moe_lab.experiments import presets
+from moe_lab.questions.presets import experiment as presets
 from moe_lab.findings import FAIL, NOT_MEASURED, PASS
-from moe_lab.findings import presets as found
+from moe_lab.questions.presets import findings as found
 
 
 def test_the_grid_is_preset_x_dispatcher_x_deterministic_x_router_dtype_with_the_presets_layers():

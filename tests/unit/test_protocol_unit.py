@@ -1,4 +1,4 @@
-"""The experiment protocol without engines (#12): one key per measurement, checks before anything starts, records
+"""The experiment protocol without engines: one key per measurement, checks before anything starts, records
 streamed case by case and resumed, never reused for another parameter. A fake cluster runs each rank's engine
 function in this process."""
 
@@ -108,7 +108,7 @@ def test_records_stream_case_by_case_and_a_rerun_resumes(tmp_path, monkeypatch):
 
 
 def test_another_layer_parameter_is_never_served_from_the_file(tmp_path, monkeypatch):
-    """#12/#16: a second run into the same file with another seq_len measures everything again."""
+    """A second run into the same file with another seq_len measures everything again."""
     monkeypatch.setattr(protocol, "expected_env", lambda ccfg, release, det: dict(ENV))
     path = tmp_path / "results.json"
     protocol.run(Fake, {"seq_len": 128}, cluster=FakeCluster(), results=path)
@@ -144,7 +144,7 @@ def test_not_applicable_cases_get_a_record_that_says_why(tmp_path, monkeypatch):
 
 
 def test_note_run_counts_add_up_within_a_run_and_restart_with_the_next(tmp_path, monkeypatch):
-    """cases-NN.json: the keys a notebook's run showed and how many cases it measured and reused (#25 item 5);
+    """cases-NN.json: the keys a notebook's run showed and how many cases it measured and reused;
     two protocol runs inside one notebook run add up, a new `moe-lab run` (another run id) starts again."""
     import json
 

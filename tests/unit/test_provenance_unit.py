@@ -1,4 +1,4 @@
-"""Provenance of the CPU and GPU a number was measured on (#26): /proc/cpuinfo and torch's build string parsed by hand,
+"""Provenance of the CPU and GPU a number was measured on: /proc/cpuinfo and torch's build string parsed by hand,
 the ISA env vars, the GPU UUID, and what the records carry (rank 0's description, every rank's GPU UUID) — none of
 it in the resume key."""
 

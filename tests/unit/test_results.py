@@ -1,4 +1,4 @@
-"""results.json (#7): atomic appends, concurrent writers, bad files reported and kept, ordinary permissions.
+"""Results.json: atomic appends, concurrent writers, bad files reported and kept, ordinary permissions.
 (Resuming by case key is the experiment protocol's: tests/unit/test_protocol_unit.py.)"""
 
 import os
@@ -93,7 +93,7 @@ def test_concurrent_appends_lose_nothing(tmp_path):
 
 
 def test_the_file_gets_ordinary_permissions(tmp_path):
-    """#16: mkstemp makes 0600 files; results.json is a report file like the HTML beside it (umask applies)."""
+    """Mkstemp makes 0600 files; results.json is a report file like the HTML beside it (umask applies)."""
     p = tmp_path / "results.json"
     old = os.umask(0o022)
     try:

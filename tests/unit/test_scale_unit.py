@@ -1,4 +1,4 @@
-"""Scale plan (#8): the per-GPU memory calculation by hand on a tiny layer, its errors, and the dispatchers' difference."""
+"""Scale plan: the per-GPU memory calculation by hand on a tiny layer, its errors, and the dispatchers' difference."""
 
 import json
 

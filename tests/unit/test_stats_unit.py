@@ -1,4 +1,4 @@
-"""One cost definition (#12, #14): slowest rank per round, median of paired ratios, an order-statistics interval of
+"""One cost definition: slowest rank per round, median of paired ratios, an order-statistics interval of
 the median, and the A/A noise floor that decides 'no measurable cost'. Numbers by hand."""
 
 import math

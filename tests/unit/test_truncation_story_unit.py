@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import pytest
 
+from moe_lab.questions.truncation.record import KernelRecord, TruncationCase
+from moe_lab.records import Comparison
+
 MS = (128, 256, 512)
 
 
 def _kernel(m, equal, *, remedy="none", emulated=False, linear="fc2"):
-    return {"kind": "kernel", "emulated": emulated, "emulation": "splitk" if emulated else "none", "remedy": remedy,
-            "linear": linear, "M": m, "kernel": {"bitwise_equal": equal}}
+    return {"kind": "kernel", **KernelRecord.of_row(dict(emulation="splitk" if emulated else "none", remedy=remedy,
+                                                         linear=linear, M=m, kernel=_cmp(equal))).asdict()}
 
 
 def _case(d, trunc_equal, *, remedy="none", rerun_equal=True, emulated=False):
-    return {"kind": "case", "available": True, "emulated": emulated, "emulation": "splitk+atomics" if emulated else
-            "none", "remedy": remedy, "dispatcher": d,
-            "truncation": {"bitwise_equal": trunc_equal, "n_mismatch": 0 if trunc_equal else 1},
-            "rerun": {"bitwise_equal": rerun_equal}}
+    rec = TruncationCase(remedy=remedy, emulation="splitk+atomics" if emulated else "none", emulated=emulated, tile=None,
+                         available=True, truncation=_cmp(trunc_equal), rerun=_cmp(rerun_equal))
+    return {"kind": "case", "dispatcher": d, **rec.asdict()}
+
+
+def _cmp(equal: bool) -> Comparison:
+    return Comparison.counted(128, 0 if equal else 1)
 
 
 def _records(*, variant_from=None, plain_equal=True, tiled_equal=True, rerun_equal=True):
@@ -31,7 +37,8 @@ def _records(*, variant_from=None, plain_equal=True, tiled_equal=True, rerun_equ
     for d in ("allgather", "alltoall"):
         recs += [_case(d, plain_equal, rerun_equal=rerun_equal), _case(d, tiled_equal, remedy="tiled_experts"),
                  _case(d, False, emulated=True)]
-    recs.append({"kind": "case", "available": False, "emulated": False, "remedy": "padding_mask", "reason": "n/a"})
+    recs.append({"kind": "case", **TruncationCase(remedy="padding_mask", emulation="none", emulated=False, tile=None,
+                                                  available=False, reason="n/a").asdict()})
     return recs
 
 

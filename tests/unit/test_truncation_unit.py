@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of moe_lab.experiments.truncation and .remedies (no engines): the bf16 tolerance table, the M-dependent split-K
+"""Unit tests for the pure parts of moe_lab.questions.truncation.experiment and .remedies (no engines): the bf16 tolerance table, the M-dependent split-K
 EMULATION, fixed-row tiling, the ordered combine, and input checks. Expected numbers are written by hand."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from moe_lab.experiments import remedies as B
-from moe_lab.experiments import truncation as T
-from moe_lab.experiments import truncation_verdict as V
+from moe_lab.questions.truncation import experiment as T
+from moe_lab.questions.truncation import verdict as V
 
 BF16 = torch.bfloat16
 

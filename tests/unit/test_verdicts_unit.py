@@ -1,12 +1,17 @@
-"""Every finding follows its records (#14, #26): records that contradict the CPU story (fp32 does not help, a remedy
+"""Every finding follows its records: records that contradict the CPU story (fp32 does not help, a remedy
 fails in one trial, EP=2 where a+b=b+a, costs inside the noise, one rank, only emulated cases) and the status, claim
 and remedy that must follow them — the same findings the notebooks' verdicts and the index cards render."""
 
 from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01
 
-from moe_lab.findings import FAIL, MIXED, NA, NOT_MEASURED, PASS, compound, localise, promotion, registry, reproduce
-from moe_lab.findings import render, truncation
-from moe_lab.experiments import reproduce as reproduce_nb
+from moe_lab.findings import FAIL, MIXED, NA, NOT_MEASURED, PASS, headline
+from moe_lab.questions.compound import findings as compound
+from moe_lab.questions.localise import findings as localise
+from moe_lab.questions.promotion import findings as promotion
+from moe_lab.questions.reproduce import findings as reproduce
+from moe_lab.findings import render
+from moe_lab.questions.truncation import findings as truncation
+from moe_lab.questions.reproduce import experiment as reproduce_nb
 
 
 def by(fs, question=None, **subject):
@@ -46,10 +51,10 @@ def test_01_ep_order_with_a_little_rerun_noise_on_top_is_still_ep_order():
 def test_01_at_ep2_nothing_diverges_and_world_1_is_not_applicable():
     recs = [rec01(d, r, cmp(), cmp(), world=2) for d in ("allgather", "alltoall") for r in ("none", "fp32")]
     fs = reproduce.findings(recs)
-    assert {f.status for f in fs} == {PASS} and registry.headline(fs)[0] == PASS
+    assert {f.status for f in fs} == {PASS} and headline(fs)[0] == PASS
     one = rec01("allgather", "none", {"applicable": False, "reason": "world size 1", "trials": 5}, cmp(), world=1)
     f = reproduce.findings([one])[0]
-    assert f.status == NA and registry.headline([f])[0] == NA
+    assert f.status == NA and headline([f])[0] == NA
 
 
 # ---------------------------------------------------------------------------------------------- 02
@@ -81,7 +86,7 @@ def test_02_the_first_stage_names_its_collective_and_no_clause_is_hard_wired():
 
 def test_02_one_rank_is_not_a_pass():
     f = localise.findings([case02("allgather", "bf16 (nothing)", None, world=1) | {"cross_rank_applicable": False}])
-    assert [x.status for x in f] == [NA] and registry.headline(f)[0] == NA
+    assert [x.status for x in f] == [NA] and headline(f)[0] == NA
 
 
 # ---------------------------------------------------------------------------------------------- 03
@@ -125,8 +130,8 @@ def test_03_plain_already_agreeing_needs_nothing_and_all_skipped_is_not_measured
     assert f.status == PASS and "nothing to set" in f.claim and f.remedy is None
     skipped = [dict(ENV, notebook="03", kind="case", skipped="needs megatron-core >= 0.12.0")] * 3
     fs = promotion.findings(skipped)
-    assert registry.headline(fs)[0] == NOT_MEASURED
-    assert "0 of 0" not in registry.headline(fs)[1]
+    assert headline(fs)[0] == NOT_MEASURED
+    assert "0 of 0" not in headline(fs)[1]
 
 
 def test_03_nan_zero_and_inf_costs_are_invalid_never_free():
@@ -180,7 +185,7 @@ def test_04_only_emulated_cases_do_not_claim_the_real_layer():
     fs = truncation.findings(recs)
     real = [f for f in fs if f.card]
     assert [f.status for f in real] == [NOT_MEASURED] and "only EMULATED" in real[0].claim
-    assert registry.headline(fs)[0] == NOT_MEASURED
+    assert headline(fs)[0] == NOT_MEASURED
     assert all("passes bitwise on the real layer" not in f.claim for f in fs)
 
 
@@ -227,7 +232,7 @@ def test_05_input_gradient_fractions_count_the_loss_tokens_only():
 
 def test_05_without_the_plain_setting_nothing_is_claimed():
     fs = compound.findings([back05("allgather", "router fp32")])
-    assert by(fs, compound.QUESTION)[0].status == NOT_MEASURED and registry.headline(fs)[0] == NOT_MEASURED
+    assert by(fs, compound.QUESTION)[0].status == NOT_MEASURED and headline(fs)[0] == NOT_MEASURED
 
 
 def test_03_a_remedy_that_brings_its_own_engine_environment_says_so():

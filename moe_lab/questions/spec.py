@@ -1,0 +1,86 @@
+"""What a question is: one folder of `moe_lab.questions` whose `__init__` exports `QUESTION`, a `Question` naming its
+number, words, notebook, typed parameters, the protocol experiments that run its cases, its findings, figures and
+(where it has one) how two reports of it compare. The registry (`moe_lab.questions.QUESTIONS`) is every such folder.
+
+The modules a question names are imported when first used, not when the registry loads: the registry is read by
+the controller, the CLI and the tests without torch, and an engine that imports one question's experiment does not
+import every other question's."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+_NUMBER = re.compile(r"^\d\d$")
+
+
+@dataclass(frozen=True)
+class Question:
+    number: str
+    """Two digits: the notebook's number and the order of the index's sections."""
+    name: str
+    """The question's folder (a Python identifier)."""
+    text: str
+    """The question in one sentence, as the index and the README's table ask it."""
+    notebook: str
+    """The notebook's file name in notebooks/, without .ipynb; it starts with the number."""
+    package: str
+    """The question's package (its folder's `__name__`)."""
+    runs: tuple[str, ...] = ("experiment",)
+    """Modules of the folder that run cases on the protocol (`experiments.protocol.run`), in the order they run."""
+    experiments: tuple[str, ...] = ()
+    """The `experiment` names its records carry (each run module's NAME)."""
+    findings: tuple[str, ...] = ("findings",)
+    """Modules of the folder with `findings(records) -> [Finding]`; a question's findings are theirs in order."""
+    figures: str | None = "figures"
+    """The module of the folder with the notebook's figures (None: it draws none of its own)."""
+    compare: str | None = None
+    """The module of the folder with `rows(a, b, factor) -> [dict]`: how the same question in two reports compares."""
+    params: type | None = None
+    """Its typed parameters (`moe_lab.params.Section` or `Flat`), or None where it reads only the common keys."""
+    axes: tuple[str, ...] = ()
+    """Layer-config fields the question varies within one subject (left out of a finding's subject, e.g. seq_len)."""
+
+    def __post_init__(self):
+        if not _NUMBER.match(self.number):
+            raise ValueError(f"question {self.name!r}: number {self.number!r} must be two digits, e.g. '09'")
+        if not self.name.isidentifier():
+            raise ValueError(f"question number {self.number}: name {self.name!r} must be a Python identifier")
+        if not self.notebook.startswith(self.number + "_"):
+            raise ValueError(f"question {self.number}: notebook {self.notebook!r} must start with '{self.number}_'")
+        if not self.text.strip().endswith("?"):
+            raise ValueError(f"question {self.number}: its text must ask a question (end with '?'): {self.text!r}")
+        if not self.runs or not self.experiments or not self.findings:
+            raise ValueError(f"question {self.number}: runs, experiments and findings must each name at least one")
+
+    def module(self, name: str) -> ModuleType:
+        return importlib.import_module(f"{self.package}.{name}")
+
+    def run_modules(self) -> list[ModuleType]:
+        return [self.module(m) for m in self.runs]
+
+    def findings_of(self, records: list[dict]) -> list:
+        """Its findings from its own records (`of_question` picks those)."""
+        out = []
+        for m in self.findings:
+            out += self.module(m).findings(records)
+        return out
+
+    def figures_module(self) -> ModuleType | None:
+        return self.module(self.figures) if self.figures else None
+
+    def compare_rows(self) -> Callable | None:
+        return self.module(self.compare).rows if self.compare else None
+
+    def owns(self, record: dict) -> bool:
+        """A record is the question's when it names its notebook, or (records without one) one of its experiments."""
+        if not isinstance(record, dict):
+            return False
+        nb = record.get("notebook")
+        return nb == self.number if nb else record.get("experiment") in self.experiments
+
+
+__all__ = ["Question"]

@@ -1,0 +1,66 @@
+"""Every question's cases' keys for a few profiles and overrides, with a fixed fake environment and no engines: run
+against a checkout (PYTHONPATH) it prints them as JSON. tests/unit/data/case_keys.json is its output on the code before
+the run config was typed (e9b846e); tests/unit/test_run_config.py computes them again and compares.
+
+    PYTHONPATH=<checkout> python tests/unit/data/case_keys_gen.py > tests/unit/data/case_keys.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import sys
+from unittest import mock
+
+GPU = {"releases": ["installed", "0.12.3"]}  # the gpu profile's 0.19.2 needs a newer Python than some machines have
+RUNS = [("cpu", {}), ("gpu", GPU),
+        ("cpu", {"seq_len": 256, "cut": 64, "trials": 2, "dispatchers": "alltoall"}),
+        ("cpu", {"training": {"steps": 5, "eps": [1, 2]}, "router_dtypes": ["none"]}),
+        ("gpu", {**GPU, "engines": 8, "cost_rounds": 3}),
+        ("cpu", {"model": "qwen3-30b-a3b", "scale": 0.125})]
+GPUS = 8  # the fake machine's visible GPUs
+
+
+def keys(profile: str, overrides: dict) -> dict:
+    from moe_lab import profiles
+    from moe_lab.experiments import protocol
+    from moe_lab.questions import QUESTIONS
+
+    env = {k: f"fake-{k}" for k in protocol.ENV_KEY}
+    P = profiles.load(profile, json.loads(json.dumps(overrides)))
+
+    def key(case, ccfg):
+        f = protocol.key_fields(case, env, ccfg)
+        f.pop("source")  # the code's own version: changes with every commit
+        return hashlib.sha256(json.dumps(f, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+    out = {}
+    if hasattr(profiles, "cluster_config"):  # the code before the run config was typed
+        ccfg, worlds = profiles.cluster_config(P), profiles.truncation_engines(P)
+    else:
+        from moe_lab.controller.placement import from_settings
+        from moe_lab.questions.truncation.experiment import worlds as truncation_worlds
+
+        ccfg, worlds = from_settings(P.cluster), truncation_worlds(P)
+    for q in QUESTIONS:
+        for run in q.runs:
+            mod = importlib.import_module(f"{q.package}.{run}")
+            if q.name == "truncation":
+                for engines in worlds:
+                    cs = mod.cases(P, engines=engines)
+                    out[f"{q.name}.{run}@{engines}"] = [key(c, ccfg) for c in cs]
+            else:
+                out[f"{q.name}.{run}"] = [key(c, ccfg) for c in mod.cases(P)]
+    return out
+
+
+def main() -> dict:
+    with mock.patch("moe_lab.controller.placement.visible_gpus", return_value=GPUS), \
+            mock.patch("moe_lab.controller.launchers.launcher_settings", return_value=None):
+        return {f"{p} {json.dumps(o, sort_keys=True)}": keys(p, o) for p, o in RUNS}
+
+
+if __name__ == "__main__":
+    json.dump(main(), sys.stdout, indent=1, sort_keys=True)
+    print()
