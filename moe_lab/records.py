@@ -310,7 +310,8 @@ def upgrade(record: Mapping) -> dict:
 
 def _from_1(r: dict) -> dict:
     """Schema 1 → 2: 02's `record` discriminator becomes `kind` (where `kind` was, or where `record` was when there
-    was no kind); a stage record's own `kind` (the stage's) becomes `stage_kind` after its `stage`."""
+    was no kind); a stage record's own `kind` (the stage's) becomes `stage_kind` after its `stage`, as does each stage's
+    in 05's `backward_stages`."""
     if "record" in r:
         disc = r["record"]
         stage_kind = r.get("kind") if disc == "stage" else None
@@ -328,6 +329,9 @@ def _from_1(r: dict) -> dict:
         if disc == "stage" and "kind" in r and "stage_kind" not in out:
             out["stage_kind"] = stage_kind
         r = out
+    if isinstance(r.get("backward_stages"), list):
+        r["backward_stages"] = [{("stage_kind" if k == "kind" else k): v for k, v in x.items()}
+                                for x in r["backward_stages"]]
     r["schema"] = SCHEMA
     return r
 
