@@ -22,6 +22,25 @@ def writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     return p
 
 
+def check_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """`writable_dir`'s test without its trace: the folders it had to create are removed again, so input refused
+    later (a bad parameter, a missing release) leaves nothing behind. Same one-line ValueError."""
+    p = Path(path)
+    missing = []
+    for d in (p, *p.parents):
+        if d.exists() or d == d.parent:
+            break
+        missing.append(d)
+    try:
+        return writable_dir(p, flag)
+    finally:
+        for d in missing:  # deepest first: each is empty again once the probe file is gone
+            try:
+                d.rmdir()
+            except OSError:
+                break
+
+
 class ReportWriteError(RuntimeError):
     """A file of the report could not be written once the run had started (the folder made read-only, a full disk, a
     path taken by a directory): the CLI says it in one line and exits 3; what was written before is kept."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import profiles
 from ..controller import interrupts
-from ..fsio import ReportWriteError, failed_write, writable_dir
+from ..fsio import ReportWriteError, check_writable, failed_write, writable_dir
 from .. import results
 from .notebook_pages import NB_PATTERN, ROOT, error_of, mark_failure, render_html, title_of, verdict_of
 
@@ -30,8 +30,9 @@ PUBLISHED = REPORTS / "published"
 
 
 def check_out(out: str | None) -> Path | None:
-    """`--out` as a folder, refused in one line before anything starts: '' (names no folder), a folder inside
-    reports/published/ (the curated evidence), a folder holding files git tracks (a run would change them)."""
+    """`--out` as a folder, refused in one line before anything starts: '' (names no folder), a folder
+    inside reports/published/ (the curated evidence), a folder holding files git tracks (a run would change them), a
+    folder that cannot be written."""
     if out is None:
         return None
     if not str(out).strip():
@@ -39,6 +40,9 @@ def check_out(out: str | None) -> Path | None:
                          "give a folder")
     out_dir = Path(out).expanduser().resolve()
     refuse_tracked(out_dir)
+    # first, before the profile, the GPU probe and the release check: a wrong --out is known at once (and nothing
+    # is left of the test: a run refused later for other input leaves no folder)
+    check_writable(out_dir, "--out")
     return out_dir
 
 
