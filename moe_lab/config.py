@@ -68,15 +68,6 @@ class MoEConfig:
     """`moe_router_dtype`: 'none' keeps the activation dtype (megatron's default); 'fp32'/'fp64' promote."""
     probs_fp32_gather: bool = False
     """The seed reporter's fix: routing probs cast to fp32 before the dispatcher communicates them (a lab toggle)."""
-    ep: int = 0
-    """Expert-parallel size; 0 means the whole world / tp."""
-    tp: int = 1
-    """Tensor-parallel size of the dense side."""
-    etp: int = 0
-    """Expert tensor-parallel size (`expert_tensor_parallel_size`); 0 = the same as tp (megatron's default)."""
-    sequence_parallel: bool = False
-    """Sequence parallelism: each TP rank feeds its 1/tp of the tokens (megatron needs it for MoE + TP in training);
-    the lab gathers the output over TP before comparing it."""
     seed: int = 123
     """Seed for weights and tokens: same seed → bitwise same weights and tokens on every rank."""
     deterministic: bool = False
@@ -115,21 +106,13 @@ class MoEConfig:
     """The preset this layer was made from (`moe_lab.models`), e.g. 'qwen3-30b-a3b x0.125'; '' for hand-set sizes."""
 
     def __post_init__(self):
-        for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "tp"):
+        for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len"):
             check_positive(name, getattr(self, name))
-        for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity",
-                     "sequence_parallel"):
+        for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be True or False")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed ({self.seed!r}) must be an integer")
-        for name in ("ep", "etp"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} ({v!r}) must be 0 (the default: ep = world / etp, etp = tp) or a positive "
-                                 "integer")
-        if self.sequence_parallel and self.seq_len % self.tp:
-            raise ValueError(f"seq_len ({self.seq_len}) must be divisible by tp ({self.tp}) with sequence_parallel")
         if isinstance(self.options, list):  # from JSON
             object.__setattr__(self, "options", tuple(self.options))
         if not isinstance(self.options, tuple) or any(o not in MEGATRON_OPTIONS for o in self.options):
@@ -140,15 +123,6 @@ class MoEConfig:
         self._check_router_features()
         if self.topk > self.num_experts:
             raise ValueError(f"topk ({self.topk}) must be <= num_experts ({self.num_experts})")
-        if self.ep and self.num_experts % self.ep:
-            raise ValueError(f"num_experts ({self.num_experts}) must be divisible by ep ({self.ep})")
-        if self.hidden % self.tp or self.ffn_hidden % self.expert_tp or self.shared_ffn % self.tp:
-            raise ValueError(f"hidden ({self.hidden}) and shared_ffn ({self.shared_ffn}) must be divisible by tp "
-                             f"({self.tp}), ffn_hidden ({self.ffn_hidden}) by etp ({self.expert_tp})")
-
-    @property
-    def expert_tp(self) -> int:
-        return self.etp or self.tp
 
     def _check_router_features(self) -> None:
         """megatron-core's own rules for the router features (TransformerConfig.__post_init__), checked here so that
@@ -206,29 +180,6 @@ class MoEConfig:
     def replace(self, **changes) -> "MoEConfig":
         return dataclasses.replace(self, **changes)
 
-    def at(self, layout) -> "MoEConfig":
-        """This layer split as `layout` (a `moe_lab.layout.Layout`; etp written 0 where it equals tp, megatron's
-        default): the one place a layout's degrees become the layer's fields (a training stack, a layout compared)."""
-        return self.replace(tp=layout.tp, ep=layout.ep, etp=layout.expert_tp if layout.expert_tp != layout.tp else 0,
-                            sequence_parallel=layout.sequence_parallel)
-
-    def resolved_ep(self, world: int) -> int:
-        """EP for a world of `world` ranks (0 = world / etp), checked against it (`Layout`'s rules: the world is a
-        multiple of tp and of etp x ep; the ranks left over are data parallel)."""
-        return self.layout(world).ep
-
-    def layout(self, world: int):
-        """This layer's `Layout` on `world` ranks, checked (one ValueError naming the rule)."""
-        from .layout import Layout
-
-        if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-            raise ValueError(f"world ({world!r}) must be a positive integer")
-        lay = Layout(tp=self.tp, ep=self.ep or max(1, world // self.expert_tp), etp=self.etp,
-                     sequence_parallel=self.sequence_parallel)
-        lay.check_world(world)
-        lay.check_layer(self)
-        return lay
-
     def asdict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -259,8 +210,6 @@ class ClusterConfig:
     ranks_per_gpu: int = 1
     """cuda: ranks sharing each GPU. 1 = one rank per GPU over NCCL; k > 1 = virtual EP, k ranks per GPU over gloo
     (NCCL refuses two ranks on one GPU). `controller.placement.default_config` derives it from the GPUs it sees."""
-    tp: int = 1
-    """Tensor-parallel size given to `parallel_state.initialize_model_parallel`."""
     timeout_s: float = 120.0
     """Timeout of every collective (process-group timeout) and of every engine call."""
     start_timeout_s: float = 120.0
@@ -301,9 +250,6 @@ class ClusterConfig:
             raise ValueError(f"ranks_per_gpu ({self.ranks_per_gpu}) must be 1 on device 'cpu'")
         if self.engines % self.ranks_per_gpu:
             raise ValueError(f"engines ({self.engines}) must be a multiple of ranks_per_gpu ({self.ranks_per_gpu})")
-        check_positive("tp", self.tp)
-        if self.engines % self.tp:
-            raise ValueError(f"engines ({self.engines}) must be divisible by tp ({self.tp})")
         for name in ("timeout_s", "start_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool):

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-_PART = re.compile(r"^(tp|ep|etp)(\d+)$|^(sp)$")
+_PART = re.compile(r"^(tp|ep|etp)(\d+)$|^(sp)$|^(epall)$")
 
 
 @dataclass(frozen=True)
@@ -18,17 +18,19 @@ class Layout:
     tp: int = 1
     """Tensor parallel size of the dense side (attention; the router's input is replicated over it)."""
     ep: int = 1
-    """Expert parallel size: the experts are split over this many ranks."""
+    """Expert parallel size: the experts are split over this many ranks. 0 = every rank the world leaves after etp
+    (`WORLD`, resolved by `on(world)` when the world is known)."""
     etp: int = 0
     """Expert tensor parallel size; 0 = the same as tp (megatron's default)."""
     sequence_parallel: bool = False
     """Sequence parallelism (megatron requires it for MoE with TP > 1 in training); 'sp' in a layout's text."""
 
     def __post_init__(self):
-        for name in ("tp", "ep"):
+        for name, least in (("tp", 1), ("ep", 0)):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"layout: {name} ({v!r}) must be a positive integer")
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise ValueError(f"layout: {name} ({v!r}) must be a positive integer"
+                                 + (" (or 0 = the whole world)" if least == 0 else ""))
         if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
             raise ValueError(f"layout: etp ({self.etp!r}) must be a positive integer (or 0 = tp)")
         if not isinstance(self.sequence_parallel, bool):
@@ -36,7 +38,8 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
-        """'tp2,ep4' / 'ep8' / 'tp2,ep2,etp1,sp' → Layout; a one-line ValueError that shows the form otherwise."""
+        """'tp2,ep4' / 'ep8' / 'tp2,ep2,etp1,sp' / 'tp2,epall' (EP over the rest of the world) → Layout; a one-line
+        ValueError that shows the form otherwise."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError("layout is empty: give e.g. ep4 or tp2,ep4,etp1,sp")
         kw: dict = {}
@@ -44,7 +47,10 @@ class Layout:
             m = _PART.match(part)
             if not m:
                 raise ValueError(f"layout ({text!r}): {part!r} is not tpN, epN, etpN or sp (e.g. tp2,ep4,etp1,sp)")
-            key, val = ("sequence_parallel", True) if m.group(3) else (m.group(1), int(m.group(2)))
+            key, val = (("sequence_parallel", True) if m.group(3) else ("ep", 0) if m.group(4)
+                        else (m.group(1), int(m.group(2))))
+            if key == "ep" and val == 0 and not m.group(4):
+                raise ValueError(f"layout ({text!r}): ep0: ep must be a positive integer (epall: every rank left)")
             if key in kw:
                 raise ValueError(f"layout ({text!r}) names {key} twice")
             kw[key] = val
@@ -56,18 +62,30 @@ class Layout:
 
     @property
     def min_world(self) -> int:
-        return math.lcm(self.tp, self.expert_tp * self.ep)
+        return math.lcm(self.tp, self.expert_tp * max(self.ep, 1))
+
+    @property
+    def resolved(self) -> bool:
+        """False for a layout whose EP is still 'the whole world' (ep 0)."""
+        return self.ep > 0
+
+    def on(self, world: int) -> "Layout":
+        """This layout on `world` ranks: EP resolved (ep 0 → world / etp), the world checked against it."""
+        self.check_world(world)
+        if self.ep:
+            return self
+        return Layout(tp=self.tp, ep=world // self.expert_tp, etp=self.etp, sequence_parallel=self.sequence_parallel)
 
     def spec(self) -> str:
         """The layout in `parse`'s form, shortest: 'ep4', 'tp2,ep2,sp', 'tp2,ep4,etp1,sp' (parse(spec) has the same
         sizes)."""
-        parts = ([f"tp{self.tp}"] if self.tp != 1 else []) + [f"ep{self.ep}"]
+        parts = ([f"tp{self.tp}"] if self.tp != 1 else []) + [f"ep{self.ep or 'all'}"]
         parts += [f"etp{self.expert_tp}"] if self.expert_tp != self.tp else []
         parts += ["sp"] if self.sequence_parallel else []
         return ",".join(parts)
 
     def label(self) -> str:
-        s = f"tp {self.tp} × ep {self.ep}"
+        s = f"tp {self.tp} × ep {self.ep or 'all'}"
         if self.expert_tp != self.tp:
             s += f" (etp {self.expert_tp})"
         return s + (", sequence parallel" if self.sequence_parallel else "")
@@ -83,7 +101,7 @@ class Layout:
     def check(self, world: int, num_experts: int) -> None:
         """ValueError unless the layout fits `world` ranks and `num_experts` experts."""
         self.check_world(world)
-        if num_experts % self.ep:
+        if self.ep and num_experts % self.ep:
             raise ValueError(f"layout {self.label()}: num_experts ({num_experts}) must be divisible by ep ({self.ep})")
 
     def asdict(self) -> dict:
@@ -105,19 +123,26 @@ class Layout:
             raise ValueError(f"world ({world!r}) must be a positive integer")
         if world % self.tp:
             raise ValueError(f"layout {self.label()}: world ({world}) must be a multiple of tp ({self.tp})")
-        if world % (self.expert_tp * self.ep):
+        if world % (self.expert_tp * max(self.ep, 1)):
             raise ValueError(f"layout {self.label()}: world ({world}) must be a multiple of etp x ep "
                              f"({self.expert_tp} x {self.ep} = {self.expert_tp * self.ep})")
 
     def check_layer(self, cfg, *, heads: int | None = None) -> None:
         """Can this layer (a MoEConfig) be split this way? One ValueError naming the first rule broken."""
-        rules = [(cfg.num_experts % self.ep, f"num_experts ({cfg.num_experts}) must be divisible by ep ({self.ep})"),
+        rules = [(self.ep and cfg.num_experts % self.ep,
+                  f"num_experts ({cfg.num_experts}) must be divisible by ep ({self.ep})"),
                  (cfg.hidden % self.tp, f"hidden ({cfg.hidden}) must be divisible by tp ({self.tp})"),
                  (cfg.ffn_hidden % self.expert_tp,
                   f"expert ffn ({cfg.ffn_hidden}) must be divisible by etp ({self.expert_tp})"),
                  (cfg.shared_ffn % self.tp, f"shared expert ffn ({cfg.shared_ffn}) must be divisible by tp ({self.tp})"),
+                 (self.sequence_parallel and cfg.seq_len % self.tp,
+                  f"seq_len ({cfg.seq_len}) must be divisible by tp ({self.tp}) with sequence parallelism"),
                  (heads is not None and heads % self.tp,
                   f"attention heads ({heads}) must be divisible by tp ({self.tp})")]
         for broken, msg in rules:
             if broken:
                 raise ValueError(f"layout {self.label()}: {msg}")
+
+
+WORLD = Layout(ep=0)
+"""The default layout of a case: TP 1, the experts split over every rank of the world it runs on."""

@@ -112,14 +112,14 @@ def _typed(params: dict, layer: MoEConfig, questions: dict, where: str) -> RunCo
         device=device, engines=params.get("engines") or 0, gpus=params.get("gpus"),
         timeout_s=float(params.get("timeout_s", 120)), start_timeout_s=float(params.get("start_timeout_s", 120)),
         launcher=params.get("launcher", "local"), launcher_options=freeze(params.get("launcher_options") or {}),
-        tp=params.get("tp", 1), one_gpu_engines=params.get("one_gpu_engines") or 0,
+        one_gpu_engines=params.get("one_gpu_engines") or 0,
         megatron=params.get("megatron") or None, wheels=params.get("wheels"))
     run = RunSettings(dispatchers=tuple(params["dispatchers"]), router_dtypes=tuple(params["router_dtypes"]),
                       cut=params.get("cut", 90),
                       trials=int(params.get("trials") or (5 if device == "cuda" else 3)),
                       cost_rounds=params.get("cost_rounds"), model=params.get("model"),
-                      scale=params.get("scale", 1.0))
-    layer_keys = {k: params[k] for k in ("seq_len", "seed", "tp") if k in params}
+                      scale=params.get("scale", 1.0), tp=params.get("tp", 1))
+    layer_keys = {k: params[k] for k in ("seq_len", "seed") if k in params}
     return RunConfig(layer=layer, cluster=cluster, run=run, questions=types.MappingProxyType(questions),
                      flat=freeze(params), where=where, layer_keys=types.MappingProxyType(layer_keys),
                      parser=parse)
@@ -153,7 +153,7 @@ def check(params: dict, where: str = "parameters") -> tuple[MoEConfig, dict]:
         for key in section.SPLIT:  # a `-p key=a,b` string is kept as the list it means
             if isinstance(params.get(key), str):
                 params[key] = list(getattr(typed, key))
-    for key in ("trials", "cost_rounds", "gpus"):
+    for key in ("trials", "cost_rounds", "gpus", "tp"):
         v = params.get(key, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
             raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")
@@ -185,12 +185,12 @@ def check(params: dict, where: str = "parameters") -> tuple[MoEConfig, dict]:
 
 def base_moe(params: dict, **changes) -> MoEConfig:
     """The notebooks' base layer: the profile's sizes, or with `model` a preset's layer (`moe_lab.models`, scaled by
-    `scale`; the preset decides hidden, experts, top-k, ffn and the router's features, the profile only seq_len, seed
-    and tp)."""
+    `scale`; the preset decides hidden, experts, top-k, ffn and the router's features, the profile only seq_len and
+    seed; its tp is the run's layout, `RunConfig.layout`)."""
     if params.get("model") is not None:
         from . import models
 
-        kw = {k: params[k] for k in ("seq_len", "seed", "tp") if k in params}
+        kw = {k: params[k] for k in ("seq_len", "seed") if k in params}
         kw.update(changes)
         scale = params.get("scale", 1.0)
         if not isinstance(scale, (int, float)) or isinstance(scale, bool):
@@ -199,7 +199,5 @@ def base_moe(params: dict, **changes) -> MoEConfig:
     if params.get("scale", 1.0) != 1.0:
         raise ValueError(f"scale ({params['scale']!r}) needs model (it scales a preset), e.g. -p model=qwen3-30b-a3b")
     kw = {k: params[k] for k in _MOE_KEYS if k in params}
-    if "tp" in params:
-        kw["tp"] = params["tp"]
     kw.update(changes)
     return MoEConfig(**kw)

@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-SCHEMA = 2
+SCHEMA = 3
 """The schema `results.append` writes."""
 
 
@@ -305,13 +305,35 @@ def upgrade(record: Mapping) -> dict:
     r = dict(record)
     if s == 1:
         r = _from_1(r)
+    if s <= 2:
+        r = _from_2(r)
+    return r
+
+
+LAYOUT_IN_CONFIG = ("tp", "ep", "etp", "sequence_parallel")
+"""The layout fields a schema-2 record's `config` (its layer) held; from schema 3 a case's layout is its own."""
+
+
+def _from_2(r: dict) -> dict:
+    """Schema 2 → 3: the layout fields leave the layer's `config`. A record that does not state them itself (its
+    header's layout: tp, ep, etp, sequence parallel) keeps the config's where they name a size (ep 0 and etp 0 meant
+    'derived', so they say nothing)."""
+    cfg = r.get("config")
+    if isinstance(cfg, dict) and any(k in cfg for k in LAYOUT_IN_CONFIG):
+        cfg = dict(cfg)
+        for k in LAYOUT_IN_CONFIG:
+            v = cfg.pop(k, None)
+            if k not in r and v not in (None, 0):
+                r[k] = v
+        r["config"] = cfg
+    r["schema"] = SCHEMA
     return r
 
 
 def _from_1(r: dict) -> dict:
-    """Schema 1 → 2: 02's `record` discriminator becomes `kind` (where `kind` was, or where `record` was when there
-    was no kind); a stage record's own `kind` (the stage's) becomes `stage_kind` after its `stage`, as does each stage's
-    in 05's `backward_stages`."""
+    """Schema 1 → 2 (then `_from_2`): 02's `record` discriminator becomes `kind` (where `kind` was, or where `record`
+    was when there was no kind); a stage record's own `kind` (the stage's) becomes `stage_kind` after its `stage`, as
+    does each stage's in 05's `backward_stages`."""
     if "record" in r:
         disc = r["record"]
         stage_kind = r.get("kind") if disc == "stage" else None

@@ -4,10 +4,11 @@ written back into it (a variant is `config.with_overrides(...)`).
 
 Sections:
 - `layer`: the base `MoEConfig` (the profile's sizes, or a preset's layer with `run.model` / `run.scale`);
-- `cluster`: `ClusterSettings`, plain data (device, engines, gpus, timeouts, launcher, tp, release paths). No GPU is
+- `cluster`: `ClusterSettings`, plain data (device, engines, gpus, timeouts, launcher, release paths). No GPU is
   probed here: the `ClusterConfig` is built from it when a cluster is about to start
   (`controller.placement.from_settings`, also the runner's preflight);
-- `run`: `RunSettings` (dispatchers, router dtypes, cut, trials, cost rounds, model, scale);
+- `run`: `RunSettings` (dispatchers, router dtypes, cut, trials, cost rounds, model, scale, tp), and from it the
+  layout of every case that does not set its own (`RunConfig.layout`);
 - every registered question's typed parameters: `config.params(SomeParams)` or `config.question("training")`.
 
 Overrides name a flat key (`seq_len=256`, as always) or `section.field` (`training.steps=5`, `layer.seq_len=256`,
@@ -23,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from .config import MoEConfig
+from .layout import Layout
 
 MOE_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "seed")
 """The flat keys of the layer section (`layer.<key>`)."""
-CLUSTER_KEYS = ("device", "engines", "gpus", "timeout_s", "start_timeout_s", "launcher", "launcher_options", "tp",
+CLUSTER_KEYS = ("device", "engines", "gpus", "timeout_s", "start_timeout_s", "launcher", "launcher_options",
                 "one_gpu_engines", "megatron", "wheels")
 """The flat keys of the cluster section (`cluster.<key>`)."""
-RUN_KEYS = ("dispatchers", "router_dtypes", "cut", "trials", "cost_rounds", "model", "scale")
+RUN_KEYS = ("dispatchers", "router_dtypes", "cut", "trials", "cost_rounds", "model", "scale", "tp")
 """The flat keys of the run section (`run.<key>`)."""
 
 
@@ -62,7 +64,6 @@ class ClusterSettings:
     start_timeout_s: float = 120.0
     launcher: str = "local"
     launcher_options: Mapping = field(default_factory=lambda: types.MappingProxyType({}), hash=False)
-    tp: int = 1
     one_gpu_engines: int = 0
     megatron: str | None = None
     """The megatron-core release installed side by side that every case runs on (None: the installed one)."""
@@ -87,6 +88,9 @@ class RunSettings:
     """Paired timing rounds per cost as the profile gives them (None: each question's default, `RunConfig.rounds`)."""
     model: str | None = None
     scale: float = 1.0
+    tp: int = 1
+    """Tensor-parallel size of the cases that do not set their own layout (their experts over the rest of the
+    world): `RunConfig.layout`."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class RunConfig:
     """The checked profile as flat keys (read-only): what `public()` shows and `with_overrides` starts from."""
     where: str = "parameters"
     layer_keys: Mapping = field(default_factory=lambda: types.MappingProxyType({}), hash=False, repr=False)
-    """The layer keys the profile itself sets that a preset's layer keeps (seq_len, seed, tp)."""
+    """The layer keys the profile itself sets that a preset's layer keeps (seq_len, seed)."""
     parser: Callable | None = field(default=None, hash=False, repr=False, compare=False)
     """The parse that made this config (`profiles.parse`), which `with_overrides` runs again."""
 
@@ -137,12 +141,18 @@ class RunConfig:
         """The megatron-core release of the cases: `megatron` (installed side by side) or the installed one."""
         return self.cluster.megatron or "installed"
 
+    @property
+    def layout(self) -> Layout:
+        """The layout of every case that does not set its own: the profile's tp, the experts over the rest of the
+        world (resolved when the world is known, `Layout.on`)."""
+        return Layout(tp=self.run.tp, ep=0)
+
     def moe(self, **changes) -> MoEConfig:
         """The base layer, with `changes`."""
         return self.layer.replace(**changes) if changes else self.layer
 
     def preset_layer(self, model: str, scale: float = 1.0, **changes) -> MoEConfig:
-        """A preset's layer (`moe_lab.models`) scaled by `scale`, keeping the profile's seq_len, seed and tp."""
+        """A preset's layer (`moe_lab.models`) scaled by `scale`, keeping the profile's seq_len and seed."""
         from . import models
 
         return models.moe_config(model, scale, **{**dict(self.layer_keys), **changes})

@@ -66,15 +66,15 @@ def _configs(a) -> list:
     if a.model:
         from .. import models
 
-        bases = [models.moe_config(m, a.scale, seq_len=a.seq, seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+        bases = [models.moe_config(m, a.scale, seq_len=a.seq, seed=a.seed, deterministic=a.deterministic)
                  for m in a.model]
         check_cut(a.cut, a.seq, "--cut")
         return [b.replace(dispatcher=d, router_dtype=r) for b in bases for d in a.dispatcher for r in a.router_dtype]
     elif a.seed_report:
-        base = MoEConfig.seed_report(seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+        base = MoEConfig.seed_report(seed=a.seed, deterministic=a.deterministic)
     else:
         base = MoEConfig(hidden=a.hidden, num_experts=a.experts, topk=a.topk, ffn_hidden=a.ffn, seq_len=a.seq,
-                         seed=a.seed, tp=a.tp, deterministic=a.deterministic)
+                         seed=a.seed, deterministic=a.deterministic)
     cfgs = [base.replace(dispatcher=d, router_dtype=r) for d in a.dispatcher for r in a.router_dtype]
     check_cut(a.cut, base.seq_len, "--cut")
     return cfgs
@@ -85,6 +85,7 @@ def cmd(a) -> int:
     from ..controller.cluster import Cluster
     from ..controller.launchers import launcher_settings
     from ..experiments import probe, protocol
+    from ..layout import Layout
 
     cfgs = _configs(a)
     release = a.megatron or protocol.INSTALLED
@@ -92,16 +93,17 @@ def cmd(a) -> int:
         from ..release_dirs import path_for
 
         path_for(a.megatron)  # installed side by side? one line if not
-    ccfg = placement.default_config(device=a.device, engines=a.engines, gpus=a.gpus, tp=a.tp, timeout_s=a.timeout,
+    ccfg = placement.default_config(device=a.device, engines=a.engines, gpus=a.gpus, timeout_s=a.timeout,
                                     start_timeout_s=a.start_timeout, deterministic=a.deterministic,
                                     **launcher_kwargs(a))
     launcher_settings(ccfg)  # a bad option or a missing mpiexec/sbatch/ssh: exit 2 before anything starts
     trials = a.trials or (5 if ccfg.device == "cuda" else 3)
-    cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release) for cfg in cfgs]
+    layout = Layout(tp=a.tp, ep=0)  # the experts over the rest of the world
+    cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release, layout=layout) for cfg in cfgs]
     protocol.check_all(cases, ccfg)  # everything checkable is checked before engines start
     from ..tools import scale_plan
 
-    scale_plan.check_memory(cfgs, ccfg, cut=a.cut)
+    scale_plan.check_memory(cfgs, ccfg, cut=a.cut, layout=layout)
     with Cluster(ccfg) as c:
         if not a.json:
             print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.config.placement}, {c.summary()}",

@@ -82,7 +82,7 @@ def bring_up(state: ClusterState) -> None:
                       what="opening the rendezvous store")
     state.rendezvous = (addr, port)
     state.info = calls.run(state, dist.setup, per_rank=lambda r: dict(
-        rank=r, world=cfg.engines, master_addr=addr, master_port=port, device=cfg.device, tp=cfg.tp,
+        rank=r, world=cfg.engines, master_addr=addr, master_port=port, device=cfg.device,
         timeout_s=cfg.timeout_s, extra_path=tuple(cfg.extra_path), env=env,
         deterministic=cfg.deterministic, local_rank=state.procs[r]["local_rank"],
         local_world=state.procs[r]["local_world"], ranks_per_gpu=cfg.ranks_per_gpu),

@@ -104,7 +104,7 @@ def from_settings(settings, *, engines: int | None = None) -> ClusterConfig:
 
         path_for(settings.megatron)  # installed side by side? (one line saying how if not)
     ccfg = default_config(device=settings.device, engines=engines or default_engines(settings), gpus=settings.gpus,
-                          timeout_s=float(settings.timeout_s), tp=settings.tp,
+                          timeout_s=float(settings.timeout_s),
                           start_timeout_s=float(settings.start_timeout_s), launcher=settings.launcher,
                           launcher_options=settings.options())
     launcher_settings(ccfg)

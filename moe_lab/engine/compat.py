@@ -76,12 +76,14 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def transformer_config(cfg, *, ep: int, tp: int, device: str):
-    """A megatron TransformerConfig for `cfg` (a MoEConfig) with only the fields this release knows."""
+def transformer_config(cfg, layout, *, device: str):
+    """A megatron TransformerConfig for `cfg` (a MoEConfig) split as `layout` (a resolved `moe_lab.layout.Layout`),
+    with only the fields this release knows."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     version = installed_version()
     check_router_dtype(cfg.router_dtype, version)
+    tp, ep = layout.tp, layout.ep
     kwargs = dict(
         num_layers=1,
         hidden_size=cfg.hidden,
@@ -96,7 +98,7 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
         add_bias_linear=False,
         tensor_model_parallel_size=tp,
         expert_model_parallel_size=ep,
-        sequence_parallel=bool(getattr(cfg, "sequence_parallel", False)),
+        sequence_parallel=layout.sequence_parallel,
         bf16=cfg.dtype == "bf16",
         fp16=cfg.dtype == "fp16",
         params_dtype=torch_dtype(cfg.dtype),
@@ -104,8 +106,8 @@ def transformer_config(cfg, *, ep: int, tp: int, device: str):
         # model.init_weights overwrites every parameter from the seed: megatron's own init would be done twice
         perform_initialization=False,
     )
-    if getattr(cfg, "etp", 0) and cfg.etp != tp:
-        kwargs["expert_tensor_parallel_size"] = cfg.etp
+    if layout.expert_tp != tp:
+        kwargs["expert_tensor_parallel_size"] = layout.expert_tp
     if cfg.router_dtype != "none":
         kwargs["moe_router_dtype"] = cfg.router_dtype
     for opt in getattr(cfg, "options", ()):
@@ -143,11 +145,11 @@ def _local_moe_spec(num_experts: int):
     return spec.submodules.mlp
 
 
-def build_moe_layer(cfg, *, ep: int, tp: int, device: str):
+def build_moe_layer(cfg, layout, *, device: str):
     """The real megatron-core MoELayer (local spec: SequentialMLP, no TE), in eval mode on `device`."""
     from megatron.core.transformer.moe.moe_layer import MoELayer
 
-    tc = transformer_config(cfg, ep=ep, tp=tp, device=device)
+    tc = transformer_config(cfg, layout, device=device)
     mlp = _local_moe_spec(cfg.num_experts)
     if isinstance(mlp, functools.partial):  # 0.19: the spec's mlp is partial(MoELayer, submodules=...)
         layer = mlp(config=tc)

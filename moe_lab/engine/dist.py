@@ -119,10 +119,11 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
     return time.perf_counter() - t0
 
 
-def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, tp: int,
-          timeout_s: float, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False,
+def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, timeout_s: float,
+          extra_path: tuple = (), env: dict | None = None, deterministic: bool = False,
           local_rank: int | None = None, local_world: int | None = None, ranks_per_gpu: int = 1) -> dict:
-    """Join the process group and set up megatron parallel_state (EP = world/tp).
+    """Join the process group and set up megatron parallel_state (EP over the whole world: every case sets its own
+    layout's before it runs, `engine.layer.parallel_state_for`).
 
     Backend: NCCL with one rank per GPU; gloo on CPU and when `ranks_per_gpu` > 1 ranks share a GPU (virtual EP:
     NCCL refuses two ranks on one device, gloo runs every collective megatron's dispatchers use on CUDA tensors,
@@ -161,10 +162,10 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         kwargs["device_id"] = dev  # eager NCCL init: a bad GPU fails here, not in the first collective
     tdist.init_process_group(**kwargs)
     t_pg = time.perf_counter() - t0
-    STATE.update(rank=rank, world=world, device=device, torch_device=dev, backend=backend, tp=tp, gpu_index=gpu,
+    STATE.update(rank=rank, world=world, device=device, torch_device=dev, backend=backend, gpu_index=gpu,
                  local_rank=local_rank, ranks_per_gpu=ranks_per_gpu, timeout_s=timeout_s, host=platform.node(),
                  layers={})
-    init_parallel_state(tp=tp, ep=world // tp)
+    init_parallel_state(tp=1, ep=world)
     t_warm = warm_up() if device == "cuda" else 0.0
     info = describe()
     info.update(t_process_group_s=t_pg, t_warm_up_s=t_warm, t_setup_s=time.perf_counter() - t0)

@@ -11,6 +11,7 @@ import zlib
 import torch
 
 from ..config import ROUTER_FEATURES, MoEConfig
+from ..layout import WORLD, Layout
 from . import compat
 from .dist import STATE, init_parallel_state
 from .forward_pass import forward
@@ -19,8 +20,8 @@ logger = logging.getLogger(__name__)
 
 INIT_STD = 0.02  # megatron's default init_method_std
 # Fields that change the built layer (the rest — seq_len, deterministic, probs_fp32_gather — only how it is run).
-_LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "ep", "tp", "seed",
-               "options", "etp", "sequence_parallel") + ROUTER_FEATURES
+_LAYER_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "dtype", "dispatcher", "router_dtype", "seed",
+               "options") + ROUTER_FEATURES
 MAX_LAYERS = 2  # layers kept per engine: a case's and the plain one its cost is paired with
 EXPERT_PARAM = re.compile(r"experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 _SHARED_PARAM = re.compile(r"shared_experts\.(linear_fc1|linear_fc2)\.weight$")
@@ -114,40 +115,52 @@ def truncate(tokens: torch.Tensor, cut: int) -> torch.Tensor:
     return t
 
 
-def parallel_state_for(cfg: MoEConfig) -> int:
-    """megatron's parallel_state for this layer's layout on this world (re-initialised only when it changes)."""
+def layout_here(layout: Layout | dict | None = None) -> Layout:
+    """A case's layout on this engine's world, resolved and checked: a `Layout`, its `asdict()` (a payload's
+    "layout"), or None (`WORLD`: the experts over every rank)."""
     import torch.distributed as tdist
 
-    lay = cfg.layout(tdist.get_world_size())
+    if layout is None:
+        layout = WORLD
+    elif isinstance(layout, dict):
+        layout = Layout(**layout)
+    return layout.on(tdist.get_world_size())
+
+
+def parallel_state_for(layout: Layout) -> Layout:
+    """megatron's parallel_state for `layout` on this world (re-initialised only when it changes); the layout,
+    resolved."""
+    lay = layout_here(layout)
     init_parallel_state(tp=lay.tp, ep=lay.ep, etp=lay.expert_tp)
-    return lay.ep
+    return lay
 
 
-def build(cfg: MoEConfig):
-    """A freshly built layer for `cfg` (parallel_state already set), every tensor seeded → (layer, tensors seeded)."""
+def build(cfg: MoEConfig, layout: Layout):
+    """A freshly built layer for `cfg` split as `layout` (parallel_state already set for it), every tensor seeded
+    → (layer, tensors seeded)."""
     from megatron.core import parallel_state as ps
 
-    import torch.distributed as tdist
-
-    lay = cfg.layout(tdist.get_world_size())
-    layer = compat.build_moe_layer(cfg, ep=lay.ep, tp=cfg.tp, device=STATE["device"])
+    lay = layout_here(layout)
+    layer = compat.build_moe_layer(cfg, lay, device=STATE["device"])
     n = init_weights(layer, cfg, ep_rank=ps.get_expert_model_parallel_rank(),
-                     tp_rank=ps.get_tensor_model_parallel_rank(), tp=cfg.tp,
+                     tp_rank=ps.get_tensor_model_parallel_rank(), tp=lay.tp,
                      etp_rank=ps.get_expert_tensor_parallel_rank(), etp=lay.expert_tp)
     return layer, n
 
 
-def fresh_layers(cfg: MoEConfig, n: int) -> list:
-    """`n` freshly built (uncached) layers for `cfg`, layer i seeded from seed + i, after parallel_state is set for
-    the config's layout: the one build path of a stack (`get_stack`, the training stack `train.build_stack`)."""
-    parallel_state_for(cfg)
-    return [build(cfg.replace(seed=cfg.seed + i))[0] for i in range(n)]
+def fresh_layers(cfg: MoEConfig, layout: Layout, n: int) -> list:
+    """`n` freshly built (uncached) layers for `cfg` split as `layout`, layer i seeded from seed + i, after
+    parallel_state is set for the layout: the one build path of a stack (`get_stack`, the training stack
+    `train.build_stack`)."""
+    lay = parallel_state_for(layout)
+    return [build(cfg.replace(seed=cfg.seed + i), lay)[0] for i in range(n)]
 
 
-def get_layer(cfg: MoEConfig):
-    """The MoE layer for `cfg` on this rank, built once per layer-defining config (a warm cluster reuses it)."""
-    parallel_state_for(cfg)
-    key = tuple(getattr(cfg, k) for k in _LAYER_KEYS)
+def get_layer(cfg: MoEConfig, layout: Layout | dict | None = None):
+    """The MoE layer for `cfg` split as `layout` (None: `WORLD`) on this rank, built once per layer-defining config
+    and layout (a warm cluster reuses it)."""
+    lay = parallel_state_for(layout_here(layout))
+    key = tuple(getattr(cfg, k) for k in _LAYER_KEYS) + (lay,)
     layers = STATE.setdefault("layers", {})
     if key in layers:
         layers[key] = layers.pop(key)  # most recently used last
@@ -156,7 +169,7 @@ def get_layer(cfg: MoEConfig):
             layers.pop(next(iter(layers)))
         if STATE["device"] == "cuda":
             torch.cuda.empty_cache()
-        layer, n = build(cfg)
+        layer, n = build(cfg, lay)
         names = [name for name, _ in layer.named_parameters()]
         if n != len(names):  # megatron's init is off (perform_initialization=False): every tensor must be seeded
             raise RuntimeError(f"megatron-core {compat.installed_version()}: seeded {n} of {len(names)} parameters "
@@ -165,13 +178,14 @@ def get_layer(cfg: MoEConfig):
     return layers[key]
 
 
-def output_fingerprint(cfg_dict: dict) -> dict:
-    """This rank's forward of its layer for `cfg_dict` on the config's tokens: the output's fingerprint, the routing
-    map's and the number of tokens routed (what shows that a router feature reached megatron's layer)."""
+def output_fingerprint(cfg_dict: dict, layout: dict | None = None) -> dict:
+    """This rank's forward of its layer for `cfg_dict` (split as `layout`, None: `WORLD`) on the config's tokens:
+    the output's fingerprint, the routing map's and the number of tokens routed (what shows that a router feature
+    reached megatron's layer)."""
     from .. import metrics
 
     cfg = MoEConfig(**cfg_dict)
-    layer = get_layer(cfg)
+    layer = get_layer(cfg, layout)
     tokens = make_tokens(cfg, STATE["torch_device"])
     seen = {}
 
@@ -187,29 +201,31 @@ def output_fingerprint(cfg_dict: dict) -> dict:
             "routed": int(seen["map"].sum()), "probs_sum": float(seen["probs"].float().sum())}
 
 
-def weights_fingerprint(cfg_dict: dict, *, rebuild: bool = False) -> dict[str, str]:
-    """Fingerprint of every parameter of this rank's layer for `cfg_dict` (rebuild=True builds it afresh)."""
+def weights_fingerprint(cfg_dict: dict, layout: dict | None = None, *, rebuild: bool = False) -> dict[str, str]:
+    """Fingerprint of every parameter of this rank's layer for `cfg_dict` split as `layout` (None: `WORLD`;
+    rebuild=True builds it afresh)."""
     from .. import metrics
 
     cfg = MoEConfig(**cfg_dict)
     if rebuild:
         STATE.get("layers", {}).clear()
-    layer = get_layer(cfg)
+    layer = get_layer(cfg, layout)
     return {name: metrics.fingerprint(p) for name, p in layer.named_parameters()}
 
 
-def get_stack(cfg: MoEConfig, n: int, *, distinct: bool):
-    """`n` MoE layers for a depth experiment on this rank: the layer for `cfg` `n` times (the seed test's
-    `[layer.mlp] * 4`), or `n` distinct layers seeded seed, seed+1, ... Cached per (config, n, distinct): one stack
-    at a time, beside the case layers of `get_layer`."""
+def get_stack(cfg: MoEConfig, layout: Layout, n: int, *, distinct: bool):
+    """`n` MoE layers split as `layout` for a depth experiment on this rank: the layer for `cfg` `n` times (the seed
+    test's `[layer.mlp] * 4`), or `n` distinct layers seeded seed, seed+1, ... Cached per (config, layout, n,
+    distinct): one stack at a time, beside the case layers of `get_layer`."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"layers ({n!r}) must be a positive integer")
-    key = (tuple(getattr(cfg, k) for k in _LAYER_KEYS), n, distinct)
+    lay = layout_here(layout)
+    key = (tuple(getattr(cfg, k) for k in _LAYER_KEYS), lay, n, distinct)
     stacks = STATE.setdefault("stacks", {})
     if key not in stacks:
         stacks.clear()
         if not distinct:
-            stacks[key] = [get_layer(cfg)] * n
+            stacks[key] = [get_layer(cfg, lay)] * n
         else:
-            stacks[key] = fresh_layers(cfg, n)
+            stacks[key] = fresh_layers(cfg, lay, n)
     return stacks[key]

@@ -14,6 +14,7 @@ import torch.distributed as tdist
 
 from .. import metrics
 from ..config import MoEConfig
+from ..layout import Layout
 from . import layer as layer_mod
 from .capture import collective_timer
 from .dist import STATE
@@ -26,9 +27,11 @@ FINGERPRINT_BYTES = 48  # what one fingerprint costs on the wire, as the records
 
 @dataclass
 class CaseSetup:
-    """One case on this rank: its config, the (cached) layer and the input tokens, identical on every rank."""
+    """One case on this rank: its config, its layout (resolved on this world), the (cached) layer and the input
+    tokens, identical on every rank."""
 
     cfg: MoEConfig
+    layout: Layout
     layer: object
     tokens: torch.Tensor
 
@@ -40,11 +43,13 @@ class CaseSetup:
         return layer_mod.truncate(self.tokens, cut)
 
 
-def setup(cfg_dict: dict) -> CaseSetup:
-    """The one engine-side case setup: config from its dict, the layer for it (built once, cached), its tokens."""
+def setup(cfg_dict: dict, layout: dict | Layout | None = None) -> CaseSetup:
+    """The one engine-side case setup: config from its dict, its layout (a payload's "layout"; None: `WORLD`), the
+    layer for both (built once, cached), its tokens."""
     cfg = MoEConfig(**cfg_dict)
-    layer = layer_mod.get_layer(cfg)
-    return CaseSetup(cfg=cfg, layer=layer, tokens=layer_mod.make_tokens(cfg, STATE["torch_device"]))
+    lay = layer_mod.layout_here(layout)
+    layer = layer_mod.get_layer(cfg, lay)
+    return CaseSetup(cfg=cfg, layout=lay, layer=layer, tokens=layer_mod.make_tokens(cfg, STATE["torch_device"]))
 
 
 def set_deterministic(on: bool) -> None:

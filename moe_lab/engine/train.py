@@ -68,9 +68,9 @@ def build_stack(cfg: MoEConfig, layers: int, *, layout: Layout, precision: str =
     layer i seeded from seed + i: expert g's weights depend on (seed, i, g) only, never on the layout."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision ({precision!r}) must be one of {', '.join(PRECISIONS)}")
-    cfg = cfg.at(layout).replace(dtype="fp32" if precision == "fp64" else cfg.dtype)
+    cfg = cfg.replace(dtype="fp32" if precision == "fp64" else cfg.dtype)
     # the one build path: parallel_state for the layout, then build + seed each layer
-    return [lyr.to(PRECISIONS[precision]) for lyr in layer_mod.fresh_layers(cfg, layers)]
+    return [lyr.to(PRECISIONS[precision]) for lyr in layer_mod.fresh_layers(cfg, layout, layers)]
 
 
 def named_params(stack) -> list[tuple[str, torch.nn.Parameter, bool]]:
@@ -330,7 +330,7 @@ def versus_megatron(payload: dict) -> dict:
     and after the last step every weight compared (metrics.compare). payload: moe (a MoEConfig dict), layers, steps,
     tokens, lr, grad_reduce_fp32, and lr_factor (the control: the lab's run with another learning rate)."""
     cfg = MoEConfig(**payload["moe"])
-    lay = cfg.layout(tdist.get_world_size())
+    lay = layer_mod.layout_here(payload.get("layout"))
     opt = Optim(lr=payload["lr"])
     ours = Trainer(build_stack(cfg, payload["layers"], layout=lay),
                    optim=Optim(lr=payload["lr"] * payload.get("lr_factor", 1.0)),

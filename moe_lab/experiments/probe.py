@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .. import metrics
 from ..config import MoEConfig
+from ..layout import WORLD, Layout
 from ..findings.common import describe as describe_cmp  # one wording of a comparison
 from ..records import parse_comparison
 from .probe_record import ProbeRecord
@@ -34,15 +35,17 @@ COMPARISONS = ("cross_rank", "rerun", "truncation")
 
 
 def case(cfg: MoEConfig, *, cut: int = 90, trials: int = 1, detail: bool = False, repeats: int = 0,
-         experiment: str = NAME, release: str = "installed", deterministic_env: bool = False, **knobs) -> Case:
-    """A probe case: `trials` trials of the three comparisons. Its forward time is the median of the trials' own
-    full-input forwards (each finished on the device), or of `repeats` more forwards after them if repeats > 0."""
+         experiment: str = NAME, release: str = "installed", deterministic_env: bool = False,
+         layout: Layout = WORLD, **knobs) -> Case:
+    """A probe case of `cfg` split as `layout`: `trials` trials of the three comparisons. Its forward time is the
+    median of the trials' own full-input forwards (each finished on the device), or of `repeats` more forwards after
+    them if repeats > 0."""
     for name, v, lo in (("trials", trials, 1), ("repeats", repeats, 0)):
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
             raise ValueError(f"{name} ({v!r}) must be an integer >= {lo}")
     return Case(experiment=experiment, moe=cfg, cut=cut, knobs=dict(trials=trials, detail=detail, repeats=repeats,
                                                                     **knobs),
-                release=release, deterministic_env=deterministic_env,
+                release=release, deterministic_env=deterministic_env, layout=layout,
                 label=(f"{cfg.model} " if cfg.model else "") + f"{cfg.dispatcher}/{cfg.router_dtype}"
                 + ("/det" if cfg.deterministic else ""))
 
@@ -73,7 +76,7 @@ def on_engine(payload: dict) -> dict:
     from .remedies import probs_fp32_before_gather
 
     kn = payload["knobs"]
-    s = toolkit.setup(payload["moe"])
+    s = toolkit.setup(payload["moe"], payload["layout"])
     cut, detail = payload["cut"], kn.get("detail", False)
     trunc = s.truncated(cut)
     trials = []

@@ -4,15 +4,15 @@ computed from records; and the one runner that streams records to results.json a
 An experiment is a module of `moe_lab.experiments` with
     NAME, NOTEBOOK                     its name in records, and the notebook it answers ('' for none)
     cases(params) -> list[Case]        what to measure, from profile parameters (checked before anything starts)
-    on_engine(payload) -> dict         runs on every rank at once (payload = Case.payload()), returns small dicts
+    on_engine(payload) -> dict         runs on every rank at once (payload = Case.payload(world)), returns small dicts
     records(case, per_rank) -> list    rank 0's and every rank's results → tidy records (one or more per case)
     verdict(records) -> str            the finding, computed from the records alone
 `run(experiment, params)` does the rest: checks, cluster (started, or engines restarted for another megatron-core
 release), progress, streaming, resume, and the environment and provenance stamped on every record.
 
 The key of a case covers the whole measurement: the experiment and case kind, the layer config (shape, seq_len,
-seed, dtypes, dispatcher, ...), cut and the experiment's knobs, the megatron-core release, device, world,
-placement (ranks per GPU, backend), the GPU, the environment switches the engines start with, and the lab's own
+seed, dtypes, dispatcher, ...), its layout on the world, cut and the experiment's knobs, the megatron-core release,
+device, world, placement (ranks per GPU, backend), the GPU, the environment switches the engines start with, and the lab's own
 source hash: a record is reused only for exactly that measurement, never for another parameter.
 """
 
@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 from ..config import ClusterConfig, MoEConfig, check_cut
 from ..controller.engine_sets import EngineSets
-from ..layout import Layout
+from ..layout import WORLD, Layout
 from .. import results as results_file
 from ..records import HEADER_OVERLAPS, Header, as_json, compose, stamp as schema_stamp
 from ..results import latest  # noqa: F401 - the records a notebook's latest run showed
@@ -64,16 +64,20 @@ class Case:
     engine_env: tuple[tuple[str, str], ...] = ()
     """More environment variables the engines must start with (e.g. CUBLAS_WORKSPACE_CONFIG, read once per process)."""
     label: str = ""
-    layout: Layout | None = None
-    """How the layer is split over the world (tp, ep, etp, sequence parallel; the rest data parallel). None: the
-    layer's own `moe.ep` / `moe.tp` over the whole world."""
+    layout: Layout = WORLD
+    """How the layer is split over the world (tp, ep, etp, sequence parallel; the rest data parallel) — the one
+    place a case's layout lives. The default, `WORLD`, splits the experts over every rank (EP = world)."""
 
-    def payload(self) -> dict:
-        """What the engines get: plain data (pickled by value), no objects."""
-        out = {"moe": self.moe.asdict(), "cut": self.cut, "kind": self.kind, "knobs": dict(self.knobs)}
-        if self.layout is not None:
-            out["layout"] = self.layout.asdict()
-        return out
+    def __post_init__(self):
+        if not isinstance(self.layout, Layout):
+            raise ValueError(f"case {self.label or self.kind!r}: layout ({self.layout!r}) must be a moe_lab.layout."
+                             "Layout, e.g. Layout.parse('tp2,ep2')")
+
+    def payload(self, world: int) -> dict:
+        """What the engines of a `world`-rank cluster get: plain data (pickled by value), no objects; the layout
+        resolved on that world."""
+        return {"moe": self.moe.asdict(), "layout": self.layout.on(world).asdict(), "cut": self.cut,
+                "kind": self.kind, "knobs": dict(self.knobs)}
 
     def fields(self) -> dict:
         """The record fields that say which case this is (flattened for tidy DataFrames)."""
@@ -81,25 +85,22 @@ class Case:
         return {"experiment": self.experiment, "kind": self.kind, "config": m.asdict(), "cut": self.cut,
                 "dispatcher": m.dispatcher, "router_dtype": m.router_dtype, "deterministic": m.deterministic,
                 "probs_fp32_gather": m.probs_fp32_gather, "knobs": dict(self.knobs),
-                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))},
-                **(self.layout.fields() if self.layout is not None else {})}
+                **{k: v for k, v in self.knobs.items() if v is None or isinstance(v, (str, int, float, bool))}}
 
 
 def layout_fields(case: Case, world) -> dict:
-    """The case's own layout on every record (not the one the cluster started with): its explicit `layout`,
-    else its layer's (`MoEConfig.layout`): tp, ep, etp, sequence parallel and the layout in words."""
-    if case.layout is not None:
-        return case.layout.fields()
+    """The case's own layout on every record (not the one the cluster started with), resolved on `world`: tp, ep,
+    etp, sequence parallel and the layout in words."""
     if not isinstance(world, int):
-        return {}
-    return case.moe.layout(world).fields()
+        return case.layout.fields() if case.layout.resolved else {}
+    return case.layout.on(world).fields()
 
 
-def check_case(cfg: MoEConfig, world: int, megatron_version: str, cut: int) -> None:
+def check_case(cfg: MoEConfig, layout: Layout, world: int, megatron_version: str, cut: int) -> None:
     """Everything about a case that can be wrong before an engine runs it: raise ValueError naming it."""
     from .. import releases
 
-    cfg.resolved_ep(world)
+    layout.on(world).check_layer(cfg)
     releases.check_config(cfg, megatron_version)
     check_cut(cut, cfg.seq_len)
 
@@ -156,12 +157,10 @@ def key_fields(case: Case, env: dict, ccfg: ClusterConfig) -> dict:
     switches = {**dict(ccfg.env), **dict(case.engine_env)}
     if case.deterministic_env and ccfg.device == "cuda":
         switches.update(NCCL_ALGO="Ring", CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    out = {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(), "cut": case.cut,
-           "knobs": case.knobs, **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
-           "source": provenance.code_version()["source_sha"]}
-    if case.layout is not None:  # only then: the keys of every earlier experiment stay what they were
-        out["layout"] = case.layout.asdict()
-    return out
+    return {"experiment": case.experiment, "kind": case.kind, "config": case.moe.asdict(),
+            "layout": case.layout.on(ccfg.engines).asdict(), "cut": case.cut, "knobs": case.knobs,
+            **{k: env.get(k) for k in ENV_KEY}, "engine_env": sorted(switches.items()),
+            "source": provenance.code_version()["source_sha"]}
 
 
 def environment(cluster) -> dict:
@@ -198,9 +197,7 @@ def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[i
         if why:
             skip[id(c)] = why
             continue
-        check_case(c.moe, ccfg.engines, version, c.cut)
-        if c.layout is not None:
-            c.layout.check(ccfg.engines, c.moe.num_experts)
+        check_case(c.moe, c.layout, ccfg.engines, version, c.cut)
     return skip
 
 
@@ -356,7 +353,8 @@ def measure(cluster, experiment, case: Case, env: dict, key: str, notebook: str)
     composed with each record the experiment built (`records.compose`: a key stated twice with two values is an
     error unless `records.HEADER_OVERLAPS` declares it)."""
     t0 = time.perf_counter()
-    per_rank = cluster.run(experiment.on_engine, case.payload(), what=f"{experiment.NAME} {case.label or case.kind}")
+    per_rank = cluster.run(experiment.on_engine, case.payload(cluster.config.engines),
+                           what=f"{experiment.NAME} {case.label or case.kind}")
     wall = round(time.perf_counter() - t0, 3)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = []

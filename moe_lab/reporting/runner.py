@@ -261,8 +261,8 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     from ..controller.placement import from_settings
 
     ccfg = from_settings(config.cluster)
-    config.layer.resolved_ep(ccfg.engines)
-    scale_plan.check_memory([config.layer], ccfg, cut=config.run.cut)  # ranks that do not fit
+    config.layout.on(ccfg.engines).check_layer(config.layer)
+    scale_plan.check_memory([config.layer], ccfg, cut=config.run.cut, layout=config.layout)  # ranks that do not fit
     # The releases the chosen notebooks use, installed side by side now if missing (from `wheels` offline): the one
     # install step of a run, before any kernel or engine — the experiments only look releases up.
     versions.prepare(versions.wanted_by(config, [num for num, _ in chosen]), from_dir=config.cluster.wheels)

@@ -61,13 +61,13 @@ def probe_cases(cfgs: list[MoEConfig], *, cut: int, repeats: int) -> list:
 # ---------------------------------------------------------------------------------------------- the usual way
 
 
-def spawn(cases: list[dict], *, world: int, device: str, tp: int = 1, timeout_s: float = 300.0) -> dict:
+def spawn(cases: list[dict], *, world: int, device: str, timeout_s: float = 300.0) -> dict:
     """`world` fresh Python processes, one rank each, as torchrun starts its workers (without torchrun's own
     launcher process: a lower bound on its cost). Returns wall times and every rank's results."""
     from ..engine.dist import free_port
 
     work = Path(tempfile.mkdtemp(prefix="moe_lab_bench_"))
-    spec = dict(world=world, port=free_port(), device=device, tp=tp, timeout_s=timeout_s, cases=cases)
+    spec = dict(world=world, port=free_port(), device=device, timeout_s=timeout_s, cases=cases)
     spec_path = work / "spec.pkl"
     spec_path.write_bytes(pickle.dumps(spec))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from moe_lab.tools.bench_engine import spawn_worker; "
@@ -145,7 +145,7 @@ def run(device: str | None = "cpu", engines: int | None = None, config: MoEConfi
     fresh_ready = []  # quick: the sweep's spawns give the ready time (the same initialisation comes first)
     if not quick:
         logger.info("bench: %d fresh spawn(s) of %d ranks for the ready time", repeats, world)
-        fresh_ready = [spawn([], world=world, device=ccfg.device, tp=ccfg.tp, timeout_s=timeout_s)
+        fresh_ready = [spawn([], world=world, device=ccfg.device, timeout_s=timeout_s)
                        for _ in range(repeats)]
 
     cluster_ready, warm_times, warm_results = [], [], []
@@ -163,7 +163,7 @@ def run(device: str | None = "cpu", engines: int | None = None, config: MoEConfi
             t_all, res = 0.0, {}
             for cfg, case in zip(cfgs, cases):
                 t0 = time.perf_counter()
-                per_rank = c.run(probe.on_engine, case.payload(), what=f"bench {label(cfg)}")
+                per_rank = c.run(probe.on_engine, case.payload(world), what=f"bench {label(cfg)}")
                 t_all += time.perf_counter() - t0
                 res[label(cfg)] = case_summary(case, per_rank)
             warm_times.append(t_all)
@@ -185,7 +185,7 @@ def run(device: str | None = "cpu", engines: int | None = None, config: MoEConfi
     for _ in range(repeats):
         t_all, res = 0.0, {}
         for cfg, case in zip(cfgs, cases):
-            s = spawn([case.payload()], world=world, device=ccfg.device, tp=ccfg.tp, timeout_s=timeout_s)
+            s = spawn([case.payload(world)], world=world, device=ccfg.device, timeout_s=timeout_s)
             t_all += s["total_s"]
             res[label(cfg)] = case_summary(case, [r["results"][0] for r in s["per_rank"]])
             fresh_rss.append(max(r["max_rss_bytes"] for r in s["per_rank"]))

@@ -17,7 +17,7 @@ def time_capture(payload: dict, *, rounds: int = 10) -> dict:
     from .. import metrics
     from ..engine import capture, compat, toolkit
 
-    s = toolkit.setup(payload["moe"])
+    s = toolkit.setup(payload["moe"], payload["layout"])
     cfg, layer, tokens = s.cfg, s.layer, s.tokens
     stages = []
 
@@ -50,7 +50,7 @@ def time_collective_timer(payload: dict, *, rounds: int = 20) -> dict:
     from .. import metrics
     from ..engine import toolkit
 
-    s = toolkit.setup(payload["moe"])
+    s = toolkit.setup(payload["moe"], payload["layout"])
     outs = []
 
     def fwd():
@@ -126,7 +126,7 @@ def spawn_worker(spec_path: str, rank: int) -> int:
 
     out: dict = {"rank": rank, "t_start": t_start, "results": []}
     dist.setup(rank=rank, world=spec["world"], master_addr="127.0.0.1", master_port=spec["port"],
-               device=spec["device"], tp=spec["tp"], timeout_s=spec["timeout_s"])
+               device=spec["device"], timeout_s=spec["timeout_s"])
     try:
         dist.health_check()
         out["t_ready"] = time.time()

@@ -111,7 +111,7 @@ def plan(cfg: MoEConfig, layout: Layout, *, preset=None, world: int | None = Non
     mem, fits = [], None
     for disp in dispatchers:
         for rd in router_dtypes:
-            c = cfg.replace(dispatcher=disp, router_dtype=rd, tp=1)
+            c = cfg.replace(dispatcher=disp, router_dtype=rd)
             row = scale_plan.plan(c, layout.ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0,
                                   device="cpu" if device == "cpu" else "cuda")
             experts = row["param_experts_bytes"] / layout.expert_tp

@@ -94,13 +94,11 @@ def dtype_bytes(cfg: MoEConfig) -> tuple[int, int]:
 
 
 def check_ep(cfg: MoEConfig, ep) -> int:
-    """EP checked against the layer: a positive integer that divides num_experts; TP must be 1."""
+    """EP checked against the layer: a positive integer that divides num_experts (the plan counts TP 1)."""
     if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
         raise ValueError(f"ep ({ep!r}) must be a positive integer")
     if cfg.num_experts % ep:
         raise ValueError(f"num_experts ({cfg.num_experts}) must be divisible by ep ({ep})")
-    if cfg.tp != 1:
-        raise ValueError(f"the scale plan counts TP=1 only; tp is {cfg.tp}")
     return ep
 
 

@@ -30,7 +30,7 @@ def measure_layer(cfg_dict: dict, *, cut: int = 90) -> dict:
     buffers = sum(b.numel() * b.element_size() for b in layer.buffers())
     tokens = s.tokens
     trunc = s.truncated(cut)
-    ep = tdist.get_world_size() // cfg.tp
+    ep = s.layout.ep
     local = list(layer.local_expert_indices)
 
     def counts(x):  # the same tokens on every rank: this rank's experts see EP copies of their rows
@@ -51,7 +51,7 @@ def measure_layer(cfg_dict: dict, *, cut: int = 90) -> dict:
             torch.cuda.synchronize(dev)
             res["allocated_bytes"] = torch.cuda.memory_allocated(dev)
             torch.cuda.reset_peak_memory_stats(dev)
-            probe.on_engine(probe.case(cfg, cut=cut, repeats=1).payload())
+            probe.on_engine(probe.case(cfg, cut=cut, repeats=1).payload(tdist.get_world_size()))
             torch.cuda.synchronize(dev)
             res["run_case_peak_bytes"] = torch.cuda.max_memory_allocated(dev)
             res["run_case_allocated_after_bytes"] = torch.cuda.memory_allocated(dev)
@@ -154,7 +154,6 @@ def measured(cfgs: list[MoEConfig], *, device: str | None = None, engines: int |
     ccfg = default_config(device=device, engines=engines, timeout_s=timeout_s)
     ep = ccfg.engines
     for cfg in cfgs:
-        cfg.resolved_ep(ep)
         check_ep(cfg, ep)
         check_cut(cut, cfg.seq_len)
     out = []

@@ -10,6 +10,7 @@ H200 dense bf16 GEMMs sustain ~790 on large square shapes; small per-expert GEMM
 from __future__ import annotations
 
 from ..config import ClusterConfig, MoEConfig
+from ..layout import WORLD, Layout
 from .scale import (DEFAULT_RESERVE_BYTES, DEFAULT_TFLOPS, FINGERPRINT_TABLE_BYTES, H200_USABLE_BYTES, capture_bytes,
                     check_ep, dtype_bytes, forward_peak, lab_phases, param_bytes, persistent_bytes, rows_per_expert)
 
@@ -91,21 +92,23 @@ def plan(cfg: MoEConfig, ep: int, *, dispatcher: str | None = None, gated: bool 
     return row
 
 
-def check_memory(moe_cfgs, ccfg: ClusterConfig, *, cut: int = 90, free: list[int] | None = None) -> dict | None:
+def check_memory(moe_cfgs, ccfg: ClusterConfig, *, cut: int = 90, free: list[int] | None = None,
+                 layout: Layout = WORLD) -> dict | None:
     """Refuse a placement whose ranks do not fit in GPU memory, before any engine starts (the scale model: weights
-    + the lab's peak activations of the busiest rank, times the ranks sharing a GPU). Returns the check's numbers,
-    or None on CPU. `free` overrides the measured free bytes per GPU (tests)."""
+    + the lab's peak activations of the busiest rank, times the ranks sharing a GPU, the layers split as `layout`).
+    Returns the check's numbers, or None on CPU or at TP > 1 (the scale model counts TP 1). `free` overrides the
+    measured free bytes per GPU (tests)."""
     if ccfg.device != "cuda" or ccfg.launcher != "local":
         return None
     from ..controller.placement import gpu_free_bytes
 
     gpus = ccfg.engines // ccfg.ranks_per_gpu
     free = free if free is not None else gpu_free_bytes(gpus)
-    ep = ccfg.engines // ccfg.tp
+    if layout.tp != 1 or layout.expert_tp != 1:
+        return None  # the scale model counts TP=1 only
+    ep = layout.on(ccfg.engines).ep
     worst = None
     for cfg in moe_cfgs:
-        if ccfg.tp != 1:
-            return None  # the scale model counts TP=1 only
         row = plan(cfg, ep, cut=cut, usable_bytes=1 << 62, reserve_bytes=0)
         need = row["lab_peak_bytes"] * ccfg.ranks_per_gpu
         if worst is None or need > worst["need_bytes"]:

@@ -82,7 +82,7 @@ def test_a_timed_out_call_names_the_ranks(cpu_cluster):
 
 
 def test_engine_errors_name_the_rank(cpu_cluster):
-    bad = probe.case(MoEConfig(), cut=90).payload() | {"cut": 500}  # past the input: the engine function fails
+    bad = probe.case(MoEConfig(), cut=90).payload(4) | {"cut": 500}  # past the input: the engine function fails
     with pytest.raises(ClusterError, match=r"rank \d \(engine \d+, pid \d+\) failed in .*ValueError: cut \(500\)"):
         cpu_cluster.run(probe.on_engine, bad)
 
@@ -134,7 +134,7 @@ def test_restart_engines_switches_release_and_keeps_the_controller(other_release
         assert set(c.engine_ids).isdisjoint(old_ids) and len(c.engine_ids) == 2
         assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old_pids)
         assert 0 < c.timings["restart_s"] and c.timings["ready_s"] == c.timings["restart_s"]
-        a, b = c.run(probe.on_engine, probe.case(cfg, cut=8, repeats=0).payload(), what="a forward on 0.12.3")
+        a, b = c.run(probe.on_engine, probe.case(cfg, cut=8, repeats=0).payload(2), what="a forward on 0.12.3")
         assert a["trials"][0]["rerun"]["bitwise_equal"] and a["out_shape"] == [16, 1, 32]
 
         c.restart_engines(extra_path=())

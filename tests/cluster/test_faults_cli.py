@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from moe_lab.records import SCHEMA
+
 CLI = [sys.executable, "-m", "moe_lab.cli"]
 SMALL = ["--device", "cpu", "--engines", "2", "--hidden", "32", "--experts", "4", "--topk", "2", "--ffn", "64",
          "--seq", "16", "--cut", "8", "--trials", "1"]
@@ -313,7 +315,8 @@ def test_a_second_run_into_the_same_dir_refuses_in_one_line_and_report_files_are
             first.wait()
     rows = json.loads((out / "index.json").read_text())["notebooks"]
     assert [(r["notebook"], r["status"], r["verdict"]) for r in rows] == [("01", "ok", "first run done")]
-    assert json.loads((out / "results.json").read_text()) == [{"notebook": "t", "x": 1, "schema": 2}]  # written typed
+    # written typed
+    assert json.loads((out / "results.json").read_text()) == [{"notebook": "t", "x": 1, "schema": SCHEMA}]
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir() if p.is_file() and p.name != "go"}
     assert {"results.json", "index.html", "index.json", "01_wait.ipynb", "01_wait.html"} <= set(modes)
     assert set(modes.values()) == {"0o644"}, modes

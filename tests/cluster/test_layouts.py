@@ -41,7 +41,7 @@ def test_the_check_fails_against_another_layer(cpu_cluster):
     """The control: a reference of another seed differs everywhere (so 'same layer' above is a real check)."""
     base = MoEConfig(num_experts=8, topk=4, dtype="fp32", router_dtype="fp64")
     other = layouts.case(base, "ep4")
-    other.knobs["reference_moe"] = base.replace(seed=base.seed + 1, ep=1).asdict()
+    other.knobs["reference_seed"] = base.seed + 1
     rec = protocol.run(layouts, cluster=cpu_cluster, cases=[other], notebook="")[0]
     assert rec["vs_reference"]["mean_ulp"] > 1e5 and rec["vs_reference"]["mismatch_frac"] > 0.9
 

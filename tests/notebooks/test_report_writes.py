@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from moe_lab.records import SCHEMA
+
 pytestmark = pytest.mark.notebook
 
 RUN = ("import sys; from pathlib import Path; from moe_lab import cli; from moe_lab.reporting import runner; "
@@ -113,7 +115,7 @@ def _check_failure(p, out, log, kept, bad: str, why: str, t0: float, label: str)
                     f"--out, and run again: finished cases are reused (traceback: {log})"), err[-3000:]
     assert "Traceback" not in err and [ln for ln in err.splitlines() if ln.startswith("moe-lab")] == [last], err
     assert {f: (out / f).read_bytes() for f in kept} == kept  # every finished record and page as it was
-    assert json.loads(kept["results.json"]) == [{"notebook": "t1", "x": 1, "schema": 2}]  # written typed
+    assert json.loads(kept["results.json"]) == [{"notebook": "t1", "x": 1, "schema": SCHEMA}]  # written typed
     assert "ReportWriteError" in log.read_text()
     assert _left(out) == []  # 02's kernel included
 

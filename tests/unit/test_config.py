@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from moe_lab.config import ClusterConfig, MoEConfig
+from moe_lab.layout import WORLD, Layout
 
 # --------------------------------------------------------------------------------------------------
 # MoEConfig: valid configs
@@ -17,7 +18,8 @@ def test_moe_defaults_valid():
     """The defaults construct and are the small CPU-sized layer."""
     c = MoEConfig()
     assert (c.hidden, c.num_experts, c.topk, c.ffn_hidden, c.seq_len) == (256, 8, 4, 512, 128)
-    assert (c.dtype, c.dispatcher, c.router_dtype, c.ep, c.tp) == ("bf16", "allgather", "none", 0, 1)
+    assert (c.dtype, c.dispatcher, c.router_dtype) == ("bf16", "allgather", "none")
+    assert not {"tp", "ep", "etp", "sequence_parallel"} & set(c.asdict())  # the layout lives on the case
 
 
 @pytest.mark.parametrize(
@@ -25,9 +27,6 @@ def test_moe_defaults_valid():
     [
         dict(topk=8),                          # topk == num_experts is allowed
         dict(topk=1, pre_softmax=True),     # megatron: top-1 softmax routing needs pre-softmax
-        dict(ep=8),                            # one expert per EP rank
-        dict(ep=2, tp=2),
-        dict(tp=256, hidden=256, ffn_hidden=512),
         dict(dtype="fp16", dispatcher="alltoall", router_dtype="fp32"),
         dict(dtype="fp32", router_dtype="fp64", deterministic=True),
     ],
@@ -49,7 +48,7 @@ def test_moe_seed_report():
     assert c.ffn_hidden == 16384
     assert c.dtype == "bf16"
     # Everything else stays at the class defaults.
-    assert (c.dispatcher, c.router_dtype, c.ep, c.tp, c.seed) == ("allgather", "none", 0, 1, 123)
+    assert (c.dispatcher, c.router_dtype, c.seed) == ("allgather", "none", 123)
 
 
 def test_moe_seed_report_overrides():
@@ -85,9 +84,9 @@ def test_moe_replace_revalidates():
 
 def test_moe_asdict_roundtrip_and_hash():
     """asdict() round-trips through the constructor; equal configs are equal and hash alike."""
-    c = MoEConfig.seed_report(ep=8)
+    c = MoEConfig.seed_report(seed=8)
     d = c.asdict()
-    assert d["hidden"] == 4096 and d["ep"] == 8
+    assert d["hidden"] == 4096 and d["seed"] == 8
     assert MoEConfig(**d) == c
     assert hash(MoEConfig(**d)) == hash(c)
 
@@ -98,7 +97,6 @@ def test_moe_asdict_roundtrip_and_hash():
 
 BAD_MOE = [
     # (kwargs, substrings the message must contain: field name and offending value)
-    pytest.param(dict(num_experts=6, ep=4), ["num_experts (6)", "ep (4)"], id="experts-not-divisible-by-ep"),
     pytest.param(dict(num_experts=8, topk=9), ["topk (9)", "num_experts (8)"], id="topk-gt-experts"),
     pytest.param(dict(dispatcher="alltoallv"), ["dispatcher", "'alltoallv'"], id="unknown-dispatcher"),
     pytest.param(dict(dispatcher="AllGather"), ["dispatcher", "'AllGather'"], id="dispatcher-case"),
@@ -112,16 +110,10 @@ BAD_MOE = [
     pytest.param(dict(topk=0), ["topk (0)"], id="topk-zero"),
     pytest.param(dict(ffn_hidden=0), ["ffn_hidden (0)"], id="ffn-zero"),
     pytest.param(dict(seq_len=-5), ["seq_len (-5)"], id="seq-negative"),
-    pytest.param(dict(tp=0), ["tp (0)"], id="tp-zero"),
-    pytest.param(dict(ep=-1), ["ep (-1)"], id="ep-negative"),
-    pytest.param(dict(ep=2.0), ["ep (2.0)"], id="ep-float"),
     pytest.param(dict(hidden=True), ["hidden (True)"], id="hidden-bool"),
     pytest.param(dict(topk=True), ["topk (True)"], id="topk-bool"),
-    pytest.param(dict(tp=True), ["tp (True)"], id="tp-bool"),
     pytest.param(dict(hidden=256.0), ["hidden (256.0)"], id="hidden-float"),
     pytest.param(dict(seq_len="128"), ["seq_len ('128')"], id="seq-str"),
-    pytest.param(dict(hidden=256, tp=3), ["hidden (256)", "tp (3)"], id="hidden-not-divisible-by-tp"),
-    pytest.param(dict(hidden=256, ffn_hidden=100, tp=8), ["ffn_hidden (100)", "tp (8)"], id="ffn-not-divisible-by-tp"),
 ]
 
 
@@ -135,14 +127,16 @@ def test_moe_bad_input_names_field_and_value(kwargs, needles):
         assert needle in msg, f"{needle!r} not in {msg!r}"
 
 
-def test_moe_ep_bool_refused():
-    """ep=True is a bool, not an EP size: refused like hidden=True / tp=True."""
-    with pytest.raises(ValueError, match=r"ep \(True\)"):
-        MoEConfig(ep=True)
+def test_moe_has_no_layout_fields():
+    """The layout is not the layer's: tp / ep / etp / sequence_parallel are refused as MoEConfig fields (a case's
+    `Layout` holds them)."""
+    for name in ("tp", "ep", "etp", "sequence_parallel"):
+        with pytest.raises(TypeError, match=name):
+            MoEConfig(**{name: 1})
 
 
 # --------------------------------------------------------------------------------------------------
-# MoEConfig.resolved_ep
+# A case's layout on a world: Layout.on (ep 0 = the whole world) and Layout.check_layer
 # --------------------------------------------------------------------------------------------------
 
 
@@ -159,9 +153,11 @@ def test_moe_ep_bool_refused():
         (1, 1, 4, 1),   # EP=1 on 4 ranks: data parallel only
     ],
 )
-def test_resolved_ep_ok(ep, tp, world, expected):
-    """resolved_ep returns the EP size when the world is a multiple of tp and of etp x ep and experts divide evenly."""
-    assert MoEConfig(ep=ep, tp=tp).resolved_ep(world) == expected
+def test_layout_on_world_ok(ep, tp, world, expected):
+    """Layout.on resolves EP when the world is a multiple of tp and of etp x ep, and the layer's experts divide."""
+    lay = Layout(tp=tp, ep=ep).on(world)
+    lay.check_layer(MoEConfig())
+    assert lay.ep == expected and lay.resolved and lay.tp == tp
 
 
 @pytest.mark.parametrize(
@@ -174,19 +170,43 @@ def test_resolved_ep_ok(ep, tp, world, expected):
         (0, 1, 16, ["num_experts (8)", "ep (16)"]),          # more EP ranks than experts
     ],
 )
-def test_resolved_ep_errors(ep, tp, world, needles):
+def test_layout_on_world_errors(ep, tp, world, needles):
     """A world that is not a multiple of tp and of etp x ep, or experts not divisible by ep, raises ValueError."""
     with pytest.raises(ValueError) as exc:
-        MoEConfig(ep=ep, tp=tp).resolved_ep(world)
+        Layout(tp=tp, ep=ep).on(world).check_layer(MoEConfig())
     for needle in needles:
         assert needle in str(exc.value), f"{needle!r} not in {str(exc.value)!r}"
 
 
-@pytest.mark.parametrize("world", [0, -8])
-def test_resolved_ep_non_positive_world(world):
-    """A world of <= 0 ranks is not a world: ValueError, not ZeroDivisionError or a negative EP."""
-    with pytest.raises(ValueError):
-        MoEConfig().resolved_ep(world)
+@pytest.mark.parametrize("world", [0, -8, 2.0, True])
+def test_layout_on_non_positive_world(world):
+    """A world of <= 0 ranks (or not an integer) is not a world: ValueError, not ZeroDivisionError or a negative
+    EP."""
+    with pytest.raises(ValueError, match="world"):
+        WORLD.on(world)
+
+
+@pytest.mark.parametrize("layout, layer, needles", [
+    (Layout(tp=3), MoEConfig(hidden=256), ["hidden (256)", "tp (3)"]),
+    (Layout(tp=8), MoEConfig(hidden=256, ffn_hidden=100), ["ffn (100)", "etp (8)"]),
+    (Layout(tp=2, ep=2, etp=4), MoEConfig(ffn_hidden=510), ["ffn (510)", "etp (4)"]),
+    (Layout(ep=3), MoEConfig(), ["num_experts (8)", "ep (3)"]),
+    (Layout(tp=4, sequence_parallel=True), MoEConfig(seq_len=6), ["seq_len (6)", "tp (4)"]),
+])
+def test_layout_refuses_a_layer_it_cannot_split(layout, layer, needles):
+    """Layout.check_layer names the first rule a layer breaks under the layout, with its numbers."""
+    with pytest.raises(ValueError) as exc:
+        layout.check_layer(layer)
+    for needle in needles:
+        assert needle in str(exc.value), f"{needle!r} not in {str(exc.value)!r}"
+
+
+def test_whole_world_layout_reads_as_such():
+    """ep 0 is 'the whole world' until resolved: its spec parses back, and its words say so."""
+    assert Layout.parse(WORLD.spec()) == WORLD and WORLD.spec() == "epall" and "all" in WORLD.label()
+    assert not WORLD.resolved and Layout.parse("tp2,epall") == Layout(tp=2, ep=0)
+    with pytest.raises(ValueError, match="positive integer"):
+        Layout.parse("ep0")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,16 +215,16 @@ def test_resolved_ep_non_positive_world(world):
 
 
 def test_cluster_defaults_valid():
-    """Defaults construct: 4 CPU engines, tp 1, positive timeouts, empty path/env."""
+    """Defaults construct: 4 CPU engines, positive timeouts, empty path/env; no layout (a case's own)."""
     c = ClusterConfig()
-    assert (c.device, c.engines, c.tp) == ("cpu", 4, 1)
+    assert (c.device, c.engines) == ("cpu", 4) and not hasattr(c, "tp")
     assert c.timeout_s > 0 and c.start_timeout_s > 0
     assert c.extra_path == () and c.env == ()
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(device="cuda", engines=8, tp=2), dict(engines=1), dict(engines=6, tp=3), dict(timeout_s=0.5)],
+    [dict(device="cuda", engines=8), dict(engines=1), dict(engines=6), dict(timeout_s=0.5)],
 )
 def test_cluster_valid(kwargs):
     """Legal combinations are accepted as given."""
@@ -214,14 +234,11 @@ def test_cluster_valid(kwargs):
 
 
 BAD_CLUSTER = [
-    pytest.param(dict(engines=6, tp=4), ["engines (6)", "tp (4)"], id="engines-not-divisible-by-tp"),
-    pytest.param(dict(engines=3, tp=2), ["engines (3)", "tp (2)"], id="odd-engines-tp2"),
     pytest.param(dict(device="gpu"), ["device", "'gpu'"], id="unknown-device"),
     pytest.param(dict(device="CUDA"), ["device", "'CUDA'"], id="device-case"),
     pytest.param(dict(engines=0), ["engines (0)"], id="engines-zero"),
     pytest.param(dict(engines=True), ["engines (True)"], id="engines-bool"),
     pytest.param(dict(engines=4.0), ["engines (4.0)"], id="engines-float"),
-    pytest.param(dict(tp=0), ["tp (0)"], id="tp-zero"),
     pytest.param(dict(timeout_s=0), ["timeout_s (0)"], id="timeout-zero"),
     pytest.param(dict(timeout_s=-1.0), ["timeout_s (-1.0)"], id="timeout-negative"),
     pytest.param(dict(timeout_s=float("nan")), ["timeout_s (nan)"], id="timeout-nan"),
@@ -244,9 +261,9 @@ def test_cluster_frozen_and_replace():
     c = ClusterConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.engines = 8  # type: ignore[misc]
-    assert c.replace(engines=8, tp=2).engines == 8
-    with pytest.raises(ValueError, match=r"engines \(4\).*tp \(3\)"):
-        c.replace(tp=3)
+    assert c.replace(engines=8).engines == 8
+    with pytest.raises(ValueError, match=r"engines \(0\)"):
+        c.replace(engines=0)
 
 
 def test_the_cut_rule_is_one_function_used_by_every_entry_point():

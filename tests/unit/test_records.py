@@ -210,6 +210,22 @@ def test_upgrade_renames_02s_discriminator_and_keeps_the_record_passed():
         upgrade({"schema": SCHEMA + 1})
 
 
+def test_upgrade_moves_the_layout_out_of_the_layers_config():
+    """Schema 2 held the layout in the layer's config: upgraded, the config is the layer alone; a record that states
+    its layout keeps its own fields, one that does not gets the config's sizes (ep 0 / etp 0 / False said nothing)."""
+    layer = {"hidden": 64, "num_experts": 8, "seed": 1}
+    stated = {"schema": 2, "config": {**layer, "tp": 2, "ep": 2, "etp": 0, "sequence_parallel": True},
+              "tp": 2, "ep": 2, "etp": 2, "sequence_parallel": True, "layout": "tp 2 × ep 2, sequence parallel"}
+    new = upgrade(stated)
+    assert new["config"] == layer and (new["tp"], new["ep"], new["etp"]) == (2, 2, 2) and new["schema"] == SCHEMA
+    assert stated["config"]["tp"] == 2  # the record passed is unchanged
+    bare = upgrade({"schema": 2, "config": {**layer, "tp": 4, "ep": 0, "etp": 0, "sequence_parallel": False}})
+    assert bare["config"] == layer and bare["tp"] == 4 and not {"ep", "etp", "sequence_parallel"} & set(bare)
+    assert upgrade({"notebook": "02", "record": "case", "config": {**layer, "tp": 1}})["config"] == layer  # from 1
+    for r in (upgrade(r) for path in REPORTS for r in _read(path)):  # every committed record: no layout in a layer
+        assert not {"tp", "ep", "etp", "sequence_parallel"} & set(r.get("config") or {})
+
+
 def test_results_append_writes_the_current_schema_and_load_upgrades(tmp_path):
     p = tmp_path / "results.json"
     p.write_text(json.dumps([{"notebook": "02", "record": "case", "kind": "case"}]))

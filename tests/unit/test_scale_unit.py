@@ -112,8 +112,6 @@ def test_bad_input_says_value_and_rule():
         scale_plan.plan(MoEConfig.seed_report(), 3)
     with pytest.raises(ValueError, match=r"ep \(0\) must be a positive integer"):
         scale.param_bytes(TINY, 0)
-    with pytest.raises(ValueError, match="TP=1 only"):
-        scale_plan.plan(TINY.replace(tp=2), 2)
     with pytest.raises(ValueError, match=r"imbalance \(0.5\) must be a number >= 1"):
         scale.rows_per_expert(TINY, 2, imbalance=0.5)
     with pytest.raises(ValueError, match=r"cut \(10\) must be an integer in 1..seq_len-1 \(9\)"):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from records_factory import pack, train06
 
 from moe_lab.questions.training.params import TrainParams
-from moe_lab.layout import Layout
+from moe_lab.layout import WORLD, Layout
 from moe_lab import questions
 from moe_lab.findings import FAIL, MIXED, NOT_MEASURED, PASS, headline
 from moe_lab.questions.training import findings as ft
@@ -168,8 +168,8 @@ def test_nothing_measured_is_not_measured():
 
 
 def test_the_layout_is_on_the_case_stamped_on_its_records_and_in_its_key():
-    """A case's Layout reaches the engines (payload), every record (fields) and the key; a case without one keeps
-    the key it always had (no 'layout' field), so earlier experiments' records are still reused."""
+    """A case's Layout reaches the engines (payload, resolved on the world), every record (`layout_fields`) and the
+    key; a case without one has `WORLD` (the experts over every rank), resolved the same way."""
     from moe_lab.config import ClusterConfig, MoEConfig
     from moe_lab.experiments import protocol
     from moe_lab.experiments.protocol import Case
@@ -178,11 +178,15 @@ def test_the_layout_is_on_the_case_stamped_on_its_records_and_in_its_key():
     env = {"device": "cpu", "world": 4, "backend": "gloo", "megatron_core": "0.16.1"}
     plain = Case(experiment="training", moe=MoEConfig())
     ep2, ep4 = (Case(experiment="training", moe=MoEConfig(), layout=Layout(ep=e)) for e in (2, 4))
-    assert "layout" not in protocol.key_fields(plain, env, cpu) and "layout" not in plain.payload()
-    assert ep2.payload()["layout"]["ep"] == 2 and (ep2.fields()["ep"], ep2.fields()["etp"]) == (2, 1)
-    assert ep2.fields()["layout"] == "tp 1 × ep 2"
-    keys = {protocol.case_key(c, env, cpu) for c in (plain, ep2, ep4)}
-    assert len(keys) == 3  # control: the layout changes the key
+    assert plain.layout == WORLD and protocol.key_fields(plain, env, cpu)["layout"] == Layout(ep=4).asdict()
+    assert plain.payload(4)["layout"] == Layout(ep=4).asdict() and plain.payload(2)["layout"]["ep"] == 2
+    assert ep2.payload(4)["layout"]["ep"] == 2
+    f = protocol.layout_fields(ep2, 4)
+    assert (f["ep"], f["etp"], f["layout"]) == (2, 1, "tp 1 × ep 2") and "tp" not in ep2.fields()
+    assert protocol.layout_fields(plain, 4)["layout"] == "tp 1 × ep 4"
+    key = {n: protocol.case_key(c, env, cpu) for n, c in (("plain", plain), ("ep2", ep2), ("ep4", ep4))}
+    assert key["plain"] == key["ep4"]  # the whole world of 4 ranks is EP 4: the same measurement, one key
+    assert key["ep2"] != key["plain"]  # control: another layout, another key
     with pytest.raises(ValueError, match=r"world \(4\) must be a multiple of etp x ep \(1 x 3 = 3\)"):
         protocol.check_all([Case(experiment="training", moe=MoEConfig(num_experts=12), layout=Layout(ep=3))], cpu)
 

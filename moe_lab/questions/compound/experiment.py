@@ -84,7 +84,7 @@ def cases(config: RunConfig, *, settings=None, depth_settings=None, layers: int 
                 raise ValueError(f"setting ({name!r}) must be one of {', '.join(SETTINGS)}")
             changes, remedy = SETTINGS[name]
             out.append(Case(experiment=NAME, kind="backward", moe=base.replace(dispatcher=d, **changes),
-                            cut=config.run.cut, release=release, label=f"backward {d} {name}",
+                            cut=config.run.cut, release=release, layout=config.layout, label=f"backward {d} {name}",
                             knobs={"setting": name, "remedy": remedy, "trials": trials, "rounds": rounds}))
     for d in config.run.dispatchers:
         for name in depth_settings:
@@ -94,6 +94,7 @@ def cases(config: RunConfig, *, settings=None, depth_settings=None, layers: int 
             for n, distinct in ((4, False), (layers, True)):
                 stack = f"{n} distinct layers" if distinct else f"the same layer x{n}"
                 out.append(Case(experiment=NAME, kind="depth", cut=config.run.cut, release=release,
+                                layout=config.layout,
                                 moe=base.replace(dispatcher=d, ffn_hidden=depth_ffn, **changes),
                                 label=f"depth {d} {name} {stack}",
                                 knobs={"setting": name, "remedy": remedy, "trials": trials, "layers": n,
@@ -210,7 +211,7 @@ def engine_backward(payload: dict) -> dict:
     from ..localise import experiment as localise
 
     kn, cut = payload["knobs"], payload["cut"]
-    s = toolkit.setup(payload["moe"])
+    s = toolkit.setup(payload["moe"], payload["layout"])
     layer = s.layer
     layer._moe_lab_pf32 = s.cfg.probs_fp32_gather
     R = _loss_weights(s.cfg, s.device)
@@ -245,8 +246,9 @@ def engine_backward(payload: dict) -> dict:
         rounds = kn.get("rounds", 0)
         if rounds:
             plain = toolkit.setup({**payload["moe"], "router_dtype": "none", "probs_fp32_gather": False,
-                                   "deterministic": False, "options": ()})
-            layer = toolkit.setup(payload["moe"]).layer  # the case's layer again (the cache may have reordered)
+                                   "deterministic": False, "options": ()}, payload["layout"])
+            # the case's layer again (the cache may have reordered)
+            layer = toolkit.setup(payload["moe"], payload["layout"]).layer
             times = toolkit.paired_rounds({"case": lambda: _step([layer], s.tokens, cut, R, remedy, "full"),
                                            "plain": lambda: _step([plain.layer], plain.tokens, cut, R)}, rounds)
             res["times"] = times
@@ -273,8 +275,8 @@ def engine_depth(payload: dict) -> dict:
     from ...engine import layer as layer_mod, toolkit
 
     kn, cut = payload["knobs"], payload["cut"]
-    s = toolkit.setup(payload["moe"])
-    stack = layer_mod.get_stack(s.cfg, kn["layers"], distinct=kn["distinct"])
+    s = toolkit.setup(payload["moe"], payload["layout"])
+    stack = layer_mod.get_stack(s.cfg, s.layout, kn["layers"], distinct=kn["distinct"])
     for lyr in stack:
         lyr._moe_lab_pf32 = s.cfg.probs_fp32_gather
     R = _loss_weights(s.cfg, s.device)

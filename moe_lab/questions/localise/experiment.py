@@ -79,7 +79,7 @@ def on_engine(payload: dict) -> dict:
     from ... import metrics
     from ...engine import toolkit
 
-    s = toolkit.setup(payload["moe"])
+    s = toolkit.setup(payload["moe"], payload["layout"])
     trials = [_capture_and_compare(s) for _ in range(payload.get("knobs", {}).get("trials", 1))]
     first = trials[0]
     stages = first["stages"]
@@ -207,7 +207,7 @@ def cases(config: RunConfig) -> list[Case]:
         for v, (router_dtype, fp32_gather) in VARIANTS.items():
             cfg = base.replace(dispatcher=d, router_dtype=router_dtype, probs_fp32_gather=fp32_gather)
             out.append(Case(experiment=NAME, moe=cfg, cut=config.run.cut, knobs={"variant": v, "trials": config.run.trials},
-                            release=config.release, label=f"{d}/{v}"))
+                            release=config.release, layout=config.layout, label=f"{d}/{v}"))
     return out
 
 

@@ -58,7 +58,7 @@ def cases(config: RunConfig) -> list[Case]:
                     out.append(probe_case(cfg, cut=config.run.cut, trials=config.run.trials, repeats=0,
                                           experiment=NAME, release=config.release,
                                           deterministic_env=det and config.gpu,
-                                          cost_rounds=pp.cost_rounds))
+                                          cost_rounds=pp.cost_rounds, layout=config.layout))
     return out
 
 

@@ -53,7 +53,7 @@ def cases(config: RunConfig) -> list[Case]:
             det_env = cfg.deterministic and config.gpu  # NCCL_ALGO is read when NCCL starts
             out.append(probe.case(cfg, cut=config.run.cut, trials=config.run.trials, repeats=0,
                                   experiment=NAME, release=release, deterministic_env=det_env,
-                                  cost_rounds=config.rounds()))
+                                  cost_rounds=config.rounds(), layout=config.layout))
     return out
 
 
@@ -72,8 +72,9 @@ def on_engine(payload: dict) -> dict:
     res = {"probe": probe.on_engine(payload), "localise": localise.on_engine(payload)}
     rounds = payload["knobs"].get("cost_rounds", 0)
     if rounds:
-        s = toolkit.setup(cfg_d)
-        plain = toolkit.setup({**cfg_d, "router_dtype": "none", "probs_fp32_gather": False, "deterministic": False})
+        s = toolkit.setup(cfg_d, payload["layout"])
+        plain = toolkit.setup({**cfg_d, "router_dtype": "none", "probs_fp32_gather": False, "deterministic": False},
+                              payload["layout"])
 
         def cell():
             with toolkit.deterministic(s.cfg.deterministic), probs_fp32_before_gather(s.layer,

@@ -24,7 +24,7 @@ NOTEBOOK = QUESTION.number
 def cases(config: RunConfig):
     base = config.layer
     return [probe.case(base.replace(dispatcher=d, router_dtype=r), cut=config.run.cut, detail=True,
-                       trials=config.run.trials, experiment=NAME, release=config.release)
+                       trials=config.run.trials, experiment=NAME, release=config.release, layout=config.layout)
             for d in config.run.dispatchers for r in config.run.router_dtypes]
 
 

@@ -39,11 +39,6 @@ NOTEBOOK = QUESTION.number
 STAGES = ("router.logits", "router.probs", "router.routing_map", "out")
 
 
-def layer_for(base: MoEConfig, layout: Layout) -> MoEConfig:
-    """`base` under `layout`: the same layer (sizes, seed, router) split another way."""
-    return base.at(layout)
-
-
 def case(base: MoEConfig, layout: str, *, reference: str = LayoutParams.layout_reference, trials: int = 1,
          cut: int = 90, release: str = "installed", deterministic_env: bool = False) -> Case:
     """One layout of `base` against `reference` (both with `base`'s deterministic mode; `deterministic_env`: the
@@ -51,10 +46,9 @@ def case(base: MoEConfig, layout: str, *, reference: str = LayoutParams.layout_r
     lay, ref = Layout.parse(layout), Layout.parse(reference)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ValueError(f"trials ({trials!r}) must be an integer >= 1")
-    return Case(experiment=NAME, moe=layer_for(base, lay), cut=cut, kind="layout", release=release,
+    return Case(experiment=NAME, moe=base, layout=lay, cut=cut, kind="layout", release=release,
                 deterministic_env=deterministic_env,
-                knobs=dict(layout_spec=layout, reference_spec=reference, trials=trials,
-                           reference_moe=layer_for(base, ref).asdict()),
+                knobs=dict(layout_spec=layout, reference_spec=reference, trials=trials),
                 label=f"{base.dispatcher}/{base.router_dtype}{' det' if base.deterministic else ''} {lay.label()}")
 
 
@@ -71,7 +65,7 @@ def cases(config: RunConfig) -> list[Case]:
     for spec in order:
         lay = Layout.parse(spec)
         try:
-            layer_for(base, lay).layout(world)
+            lay.on(world).check_layer(base)
         except ValueError as e:
             raise ValueError(f"layouts entry {spec!r} on {world} ranks: {e}") from None
     gpu = config.gpu
@@ -85,12 +79,12 @@ def cases(config: RunConfig) -> list[Case]:
 # ---------------------------------------------------------------------------------------------- engine side
 
 
-def _forward_stages(cfg_dict: dict):
-    """One captured forward of the layer for `cfg_dict` on this rank: {stage: whole tensor} (gathered over TP under
-    sequence parallelism), as `STAGES` names them."""
+def _forward_stages(cfg_dict: dict, layout):
+    """One captured forward of the layer for `cfg_dict` split as `layout` on this rank: {stage: whole tensor}
+    (gathered over TP under sequence parallelism), as `STAGES` names them."""
     from ...engine import capture, toolkit
 
-    s = toolkit.setup(cfg_dict)
+    s = toolkit.setup(cfg_dict, layout)
     out, cache = capture.run_with_capture(s.layer, s.tokens, ("router",), hidden=s.cfg.hidden,
                                           num_experts=s.cfg.num_experts)
     stages = {k: toolkit.gather_sequence(s.layer, cache.tensors[k]) for k in STAGES[:-1] if k in cache.tensors}
@@ -102,24 +96,27 @@ def on_engine(payload: dict) -> dict:
     from ...engine import toolkit
     from ...engine.dist import STATE
 
-    kn = payload["knobs"]
-    ref_key = repr(sorted(kn["reference_moe"].items()))
+    kn, moe = payload["knobs"], payload["moe"]
+    reference = Layout.parse(kn["reference_spec"])
+    ref_moe = {**moe, "seed": kn.get("reference_seed", moe["seed"])}  # another seed: the tests' control only
+    ref_key = repr((sorted(ref_moe.items()), reference))
     refs = STATE.setdefault("layout_references", {})
     if ref_key not in refs:  # computed once per reference layer on this engine (the cache is dropped on a restart)
         refs.clear()
-        with toolkit.deterministic(kn["reference_moe"]["deterministic"]):
-            refs[ref_key] = {k: v.clone() for k, v in _forward_stages(kn["reference_moe"]).items()}
+        with toolkit.deterministic(moe["deterministic"]):
+            refs[ref_key] = {k: v.clone() for k, v in _forward_stages(ref_moe, reference).items()}
     ref = refs[ref_key]
     trials, outs = [], []
-    with toolkit.deterministic(payload["moe"]["deterministic"]):
+    with toolkit.deterministic(moe["deterministic"]):
         for _ in range(kn.get("trials", 1)):
-            st = _forward_stages(payload["moe"])
+            st = _forward_stages(moe, payload["layout"])
             t = {"vs_reference": metrics.compare(st["out"], ref["out"]),
                  "stages": {k: _cmp_stage(st.get(k), ref.get(k)) for k in STAGES}}
             t["rerun"] = metrics.compare(st["out"], outs[0]) if outs else metrics.identical(st["out"])
             outs.append(st["out"])
             trials.append(t)
-        s = toolkit.setup(payload["moe"])  # a training step's forward: grad enabled (0.18+ sorts the top-k then)
+        # a training step's forward: grad enabled (0.18+ sorts the top-k then)
+        s = toolkit.setup(moe, payload["layout"])
         grad = toolkit.forward(s.layer, s.tokens, grad=True)
     cross = [toolkit.compare_across_ranks({"out": o}) for o in outs]
     res = {"rank": toolkit.tdist.get_rank(), "trials": trials, "grad_vs_nograd": metrics.compare(grad, outs[0])}
@@ -170,4 +167,4 @@ def verdict(records: list[dict]) -> str:
     return render.verdict(found.findings(records), title="Same weights and tokens, another layout:")
 
 
-__all__ = ["cases", "case", "on_engine", "records", "verdict", "layer_for", "STAGES"]
+__all__ = ["cases", "case", "on_engine", "records", "verdict", "STAGES"]

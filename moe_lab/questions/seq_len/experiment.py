@@ -23,7 +23,7 @@ NOTEBOOK = QUESTION.number
 def cases(config: RunConfig):
     base = config.layer
     return [probe.case(base.replace(seq_len=n, dispatcher=d, router_dtype="none"), cut=n // 2,
-                       trials=config.run.trials, experiment=NAME, release=config.release)
+                       trials=config.run.trials, experiment=NAME, release=config.release, layout=config.layout)
             for n in config.params(SeqLenParams).seq_lens for d in config.run.dispatchers]
 
 

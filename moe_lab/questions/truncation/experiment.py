@@ -73,7 +73,8 @@ def one_ulp_fails_frac(x: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) 
 # ============================================================================================= engine side
 
 
-def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials: int = 1) -> dict:
+def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials: int = 1,
+                layout: dict | None = None) -> dict:
     """One (remedy, emulation, tile) case: full vs truncated forward (first `cut` tokens) and a rerun, in `trials`
     trials, and `rounds` timed rounds, each a forward with the case's toggles and one without its remedy (same
     emulation), back to back: the cost is read from paired rounds, so drift between cases does not enter it. The
@@ -82,7 +83,7 @@ def engine_case(cfg_dict: dict, case: dict, *, cut: int, rounds: int = 7, trials
 
     from ...engine import compat, toolkit
 
-    s = toolkit.setup(cfg_dict)
+    s = toolkit.setup(cfg_dict, layout)
     layer, tokens, trunc = s.layer, s.tokens, s.truncated(cut)
     seq = tokens.shape[0]
     full_mask = torch.ones(seq, 1, dtype=torch.bool, device=tokens.device)
@@ -147,14 +148,14 @@ def _quantiles(x: torch.Tensor) -> dict:
     return {"p50": q[0], "p99": q[1], "max": float(v.max()) if v.numel() else 0.0}
 
 
-def engine_routing(cfg_dict: dict, *, cut: int) -> dict:
+def engine_routing(cfg_dict: dict, *, cut: int, layout: dict | None = None) -> dict:
     """Router outputs (probs, routing_map) and expert GEMM rows (tokens_per_expert) with and without truncation."""
     import torch.distributed as tdist
     from megatron.core import parallel_state as ps
 
     from ...engine import compat, toolkit
 
-    s = toolkit.setup(cfg_dict)
+    s = toolkit.setup(cfg_dict, layout)
     layer, tokens, trunc = s.layer, s.tokens, s.truncated(cut)
     seen: dict = {}
     h1 = layer.router.register_forward_hook(
@@ -194,7 +195,8 @@ def engine_routing(cfg_dict: dict, *, cut: int) -> dict:
     }
 
 
-def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int) -> list[dict] | None:
+def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int,
+                  layout: dict | None = None) -> list[dict] | None:
     """Batch variance of the expert GEMMs (rank 0's local expert 0, linear_fc1 and linear_fc2): the first min(ms) rows
     computed inside M rows vs alone, for each M and each (emulation, remedy, tile) state. Other ranks return None."""
     import torch.distributed as tdist
@@ -202,7 +204,7 @@ def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int
     from ...engine import toolkit
     from ...engine.dist import STATE
 
-    s = toolkit.setup(cfg_dict)
+    s = toolkit.setup(cfg_dict, layout)
     cfg, layer = s.cfg, s.layer
     if tdist.get_rank() != 0:
         return None
@@ -237,12 +239,13 @@ def on_engine(payload: dict):
 
     kind, kn, cut = payload["kind"], payload["knobs"], payload["cut"]
     if kind == "routing":
-        return engine_routing(payload["moe"], cut=cut)
+        return engine_routing(payload["moe"], cut=cut, layout=payload["layout"])
     if kind == "kernel":
-        return engine_kernel(payload["moe"], ms=kn["ms"], states=kn["states"], cut=cut)
+        return engine_kernel(payload["moe"], layout=payload["layout"], ms=kn["ms"], states=kn["states"], cut=cut)
     case = {k: kn[k] for k in ("emulation", "remedy", "tile")}
     try:
-        return engine_case(payload["moe"], case, cut=cut, rounds=kn.get("rounds", 7), trials=kn.get("trials", 1))
+        return engine_case(payload["moe"], case, cut=cut, rounds=kn.get("rounds", 7), trials=kn.get("trials", 1),
+                           layout=payload["layout"])
     except (KeyError, RuntimeError, NotImplementedError, AssertionError) as e:
         if "batch_invariant_mode" not in case["remedy"]:
             raise
@@ -347,14 +350,17 @@ def cases(config: RunConfig, *, router_dtype: str = "fp64", emulations=None, rem
         for i, cfg in enumerate(cfgs):
             if ws == workspaces[0]:
                 out.append(Case(experiment=NAME, kind="routing", moe=cfg, cut=config.run.cut, release=release,
+                                layout=config.layout,
                                 knobs={"remedy": "none", "emulation": "none", **wsk}, engine_env=env,
                                 label=f"routing {cfg.dispatcher}"))
                 if i == 0:
                     out.append(Case(experiment=NAME, kind="kernel", moe=cfg, cut=config.run.cut, release=release,
+                                    layout=config.layout,
                                     knobs={"ms": ms or kernel_ms(device), "states": kernel_states(device, auto), **wsk},
                                     engine_env=env, label="kernel probe"))
             for p in plan_:
                 out.append(Case(experiment=NAME, kind="case", moe=cfg, cut=config.run.cut, release=release,
+                                layout=config.layout,
                                 knobs={**p, "rounds": rounds, "trials": trials, **wsk}, engine_env=env,
                                 label=f"{cfg.dispatcher} {label(dict(p, emulated=p['emulation'] != 'none'))}"))
     return out

@@ -1,6 +1,12 @@
 """Every question's cases' keys for a few profiles and overrides, with a fixed fake environment and no engines: run
 against a checkout (PYTHONPATH) it prints them as JSON. tests/unit/data/case_keys.json is its output on the code before
-the run config was typed (e9b846e); tests/unit/test_run_config.py computes them again and compares.
+a case's layout had one home (9b00aa3, where the layer's config held tp / ep / etp / sequence parallel); the tests
+compute them again and compare (test_run_config.py).
+
+On that code a key is brought to today's form first (`today`): the layout fields leave the layer's config and the
+layout, resolved on the world, is a field of its own (the layer's over the world where the case had none); the
+layouts question's reference is its spec alone (the reference layer was the case's layer at that layout). Today's
+keys pass through unchanged, so what is compared is the key the runner computes.
 
     PYTHONPATH=<checkout> python tests/unit/data/case_keys_gen.py > tests/unit/data/case_keys.json
 """
@@ -31,7 +37,7 @@ def keys(profile: str, overrides: dict) -> dict:
     P = profiles.load(profile, json.loads(json.dumps(overrides)))
 
     def key(case, ccfg):
-        f = protocol.key_fields(case, env, ccfg)
+        f = today(case, protocol.key_fields(case, env, ccfg), ccfg.engines)
         f.pop("source")  # the code's own version: changes with every commit
         return hashlib.sha256(json.dumps(f, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -49,9 +55,24 @@ def keys(profile: str, overrides: dict) -> dict:
             if q.name == "truncation":
                 for engines in worlds:
                     cs = mod.cases(P, engines=engines)
-                    out[f"{q.name}.{run}@{engines}"] = [key(c, ccfg) for c in cs]
+                    at = ccfg.replace(engines=engines) if engines else ccfg  # the cluster those cases run on
+                    out[f"{q.name}.{run}@{engines}"] = [key(c, at) for c in cs]
             else:
                 out[f"{q.name}.{run}"] = [key(c, ccfg) for c in mod.cases(P)]
+    return out
+
+
+def today(case, fields: dict, world: int) -> dict:
+    """A key's fields in today's form (see the module docstring); today's own are returned as they are."""
+    cfg = dict(fields["config"])
+    if not any(k in cfg for k in ("tp", "ep", "etp", "sequence_parallel")):
+        return fields
+    for k in ("tp", "ep", "etp", "sequence_parallel"):
+        cfg.pop(k)
+    out = dict(fields, config=cfg)
+    if "layout" not in out:
+        out["layout"] = case.moe.layout(world).asdict()
+    out["knobs"] = {k: v for k, v in out["knobs"].items() if k != "reference_moe"}
     return out
 
 
