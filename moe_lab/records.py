@@ -9,6 +9,8 @@ Schemas:
     1  no `schema` key. Notebook 02's records name their discriminator `record` (case | stage | collective) and a
        stage record's `kind` is the stage's kind (replicated | copies | copies/expert), not its case's.
     2  `schema: 2`. Every record's discriminator is `kind`; 02's stage records carry the stage's kind as `stage_kind`.
+    3  `schema: 3`. The layer's `config` holds no layout (tp, ep, etp, sequence_parallel): the case's layout is in the
+       record's own fields.
 """
 
 from __future__ import annotations

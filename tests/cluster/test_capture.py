@@ -40,7 +40,7 @@ def test_fp32_probs_make_the_combine_fp32_and_every_stage_agree(cpu_cluster, kw)
 
 def test_alltoall_copies_are_compared_and_equal(cpu_cluster):
     per_rank, rows = _case(cpu_cluster, dispatcher="alltoall")
-    copies = [r for r in rows if r["kind"] in ("copies", "copies/expert")]
+    copies = [r for r in rows if r["stage_kind"] in ("copies", "copies/expert")]
     assert {r["stage"] for r in copies} >= {"dispatch.comm.tokens", "experts.out", "combine.pre"}
     assert all(r.get("bitwise_equal") for r in copies)
     assert not any("skipped" in r for r in copies)

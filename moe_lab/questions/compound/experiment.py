@@ -331,10 +331,8 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
 
         rows = localise.stage_rows([r["backward"] for r in per_rank])
         rec["backward_first_divergent"] = localise.first_divergent(rows)
-        # the stage's own kind is `stage_kind`, as on 02's stage records: `kind` is every record's discriminator
-        rec["backward_stages"] = [{("stage_kind" if k == "kind" else k): x.get(k)
-                                   for k in ("stage", "order", "kind", "unit", "dtype", "n_mismatch", "mismatch_frac",
-                                             "bitwise_equal", "max_ulp")} for x in rows]
+        rec["backward_stages"] = [{k: x.get(k) for k in ("stage", "order", "stage_kind", "unit", "dtype", "n_mismatch",
+                                                         "mismatch_frac", "bitwise_equal", "max_ulp")} for x in rows]
         rec["backward_ledger"] = r0["backward"]["ledger"]
     if "times" in r0:
         rec["cost"] = stats.paired_cost([r["times"] for r in per_rank], "case", "plain",

@@ -158,11 +158,13 @@ VARIANTS = {  # name → (router_dtype, probs_fp32_gather): the seed report's co
 
 
 def stage_rows(per_rank: list[dict]) -> list[dict]:
-    """Per-rank engine results → one row per (stage, comparison unit), in execution order, + first divergence."""
+    """Per-rank engine results → one row per (stage, comparison unit), in execution order, + first divergence. A row
+    is a stage record's fields (`record.StageRecord`): the stage's own kind is `stage_kind`."""
     r0 = per_rank[0]
     rows = []
     for s in r0["stages"]:
-        base = {k: s[k] for k in ("stage", "order", "kind", "dtype", "shape")}
+        base = {"stage": s["stage"], "order": s["order"], "stage_kind": s["kind"], "dtype": s["dtype"],
+                "shape": s["shape"]}
         if s["kind"] == REPLICATED:
             for pair, c in (r0["cross"][s["stage"]] or {}).items():  # None: one rank, nothing to compare
                 rows.append({**base, "unit": f"rank {pair}", **_metrics(c)})
@@ -230,7 +232,7 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
     by_order = {r["order"]: r["stage"] for r in rows}
     summary = LocaliseCase(first_divergent_stage=first, trials=n,
                            first_divergent_per_trial=[by_order.get(o) for o in per_trial],
-                           first_divergent_kind=next((r["kind"] for r in rows if r["stage"] == first), None),
+                           first_divergent_kind=next((r["stage_kind"] for r in rows if r["stage"] == first), None),
                            first_divergent_by_pair=first_divergent_by_pair(rows, world),
                            out_mismatch_frac=max((r["mismatch_frac"] for r in final), default=None),
                            out_max_ulp=max((r["max_ulp"] for r in final), default=None),
@@ -239,7 +241,7 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
                            combine_op=combine.get("op"), out_dtype=next((s["dtype"] for s in per_rank[0]["stages"]
                                                                          if s["stage"] == "moe.out"), None),
                            bytes_compared=world * per_rank[0].get("bytes_compared", 0))
-    return ([summary.asdict()] + [StageRecord.of_row(r).asdict() for r in rows]
+    return ([summary.asdict()] + [StageRecord(**r).asdict() for r in rows]
             + [CollectiveRecord(extra=dict(c)).asdict() for c in ledger])
 
 

@@ -56,11 +56,6 @@ class StageRecord(Body):
     first_divergent_stage: Any = ABSENT
     kind: str = "stage"
 
-    @classmethod
-    def of_row(cls, row: dict) -> "StageRecord":
-        """A row of `localise.stage_rows` (whose `kind` is the stage's) → its record."""
-        return cls(**{("stage_kind" if k == "kind" else k): v for k, v in row.items()})
-
 
 @dataclass(frozen=True)
 class CollectiveRecord(Body):
