@@ -1,8 +1,9 @@
 """Pure statistics of timings, one definition everywhere: a cost is the median over paired rounds of
 (slowest rank's time with the change) / (slowest rank's time without it), with a distribution-free 95 % confidence
 interval of that median (order statistics); an A/A run (plain against plain, same protocol) gives the noise floor.
-A cost whose interval overlaps the noise floor's is "no measurable cost", and costs inside the noise are never
-ranked.
+A cost is worded by where its interval lies against the noise floor's (`against_floor`): inside it ("no measurable
+cost"), overlapping it ("not told apart from the noise floor" — not the same claim: part of the interval lies
+outside), above or below it (measured); costs inside the noise are never ranked.
 
 Where the rounds also timed the collectives (toolkit.paired_rounds), a cost carries its compute figure (the same
 statistic of wall − collective seconds), the collective share of each forward and whether the plain one is
@@ -144,6 +145,34 @@ def figure(cost: dict | None, which: str | None = None) -> dict | None:
     return cost if which == "wall" else cost.get(which)
 
 
+INSIDE, OVERLAPS, ABOVE, BELOW = "inside", "overlaps", "above", "below"
+"""Where a cost's interval lies against the A/A noise floor's (`against_floor`)."""
+FLOOR_WORDS = {INSIDE: "no measurable cost (interval inside the A/A noise floor)",
+               OVERLAPS: "not told apart from the A/A noise floor (the intervals overlap; part of it lies outside)",
+               BELOW: "measurably faster than plain — cause not measured"}
+"""The words for each relation (ABOVE: measured, nothing added)."""
+
+
+def _finite_pair(ci) -> bool:
+    return (isinstance(ci, (list, tuple)) and len(ci) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in ci)
+            and ci[0] <= ci[1])
+
+
+def against_floor(ci, floor_ci) -> str | None:
+    """The one rule for a cost against its A/A noise floor: 'inside' (the cost's interval lies within the floor's),
+    'overlaps' (they share part, not all), 'above' / 'below' (disjoint); None when either interval is missing or not
+    a finite (lo, hi) pair."""
+    if not _finite_pair(ci) or not _finite_pair(floor_ci):
+        return None
+    (lo, hi), (flo, fhi) = ci, floor_ci
+    if lo > fhi:
+        return ABOVE
+    if hi < flo:
+        return BELOW
+    return INSIDE if flo <= lo and hi <= fhi else OVERLAPS
+
+
 def measurable(cost: dict, floor: dict | None) -> bool | None:
     """Whether a cost is resolved against the A/A noise floor: its interval does not overlap the floor's.
     None when either is missing."""
@@ -153,14 +182,17 @@ def measurable(cost: dict, floor: dict | None) -> bool | None:
 
 
 def describe(cost: dict, floor: dict | None = None) -> str:
-    """'1.08x (95 % CI 1.03–1.12)', with ', no measurable cost' when the interval overlaps the noise floor."""
+    """'1.08x (95 % CI 1.03–1.12)', with the words of where the interval lies against the noise floor
+    (`against_floor`: inside it, overlapping it, or below it)."""
     if not cost or cost.get("ratio") is None:
         return "n/a"
     text = f"{cost['ratio']:.2f}x (95 % CI {cost['ci'][0]:.2f}–{cost['ci'][1]:.2f})"
-    if measurable(cost, floor) is False:
-        text += ", no measurable cost"
+    rel = against_floor(cost.get("ci"), (floor or {}).get("ci"))
+    if rel in FLOOR_WORDS:
+        text += ", " + FLOOR_WORDS[rel]
     return text
 
 
 __all__ = ["median_ci", "slowest", "paired", "paired_cost", "collective_share", "placement", "headline_cost",
-           "figure", "measurable", "describe", "LEVEL", "TRANSPORT_BOUND"]
+           "figure", "measurable", "against_floor", "describe", "LEVEL", "TRANSPORT_BOUND", "INSIDE", "OVERLAPS",
+           "ABOVE", "BELOW", "FLOOR_WORDS"]

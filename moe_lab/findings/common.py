@@ -33,13 +33,28 @@ def equal(c: dict) -> bool:
     return (not c.get("applicable", True)) or bool(c["bitwise_equal"])
 
 
+def _count_of(value, name: str) -> int:
+    """A count field as an int: a whole, finite, non-negative number; anything else is a ValueError that names it
+    (`guarded` turns it into a NOT MEASURED finding: an impossible value is never rendered as a result)."""
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if not ok or value < 0:
+        raise ValueError(f"{name} ({value!r}) is not a count: the record is invalid")
+    return int(value)
+
+
 def trials(c: dict) -> tuple[int, int]:
-    """(trials in which the compared tensors differed, trials)."""
-    n = int(c.get("trials", 1) or 1)
+    """(trials in which the compared tensors differed, trials). A comparison of no trial, or one that differed in
+    more trials than it ran, is a ValueError naming the field."""
+    n = _count_of(c.get("trials", 1), "trials")  # an older record without the field: one trial
+    if n < 1:
+        raise ValueError(f"trials ({n}): a comparison of no trial measured nothing; the record is invalid")
     k = c.get("n_differ")
     if k is None:  # an older record: one trial, or no per-trial count
         k = 0 if c["bitwise_equal"] else n
-    return int(k), n
+    k = _count_of(k, "n_differ")
+    if k > n:
+        raise ValueError(f"n_differ ({k}) exceeds trials ({n}): the record is invalid")
+    return k, n
 
 
 def trials_text(c: dict) -> str:
@@ -48,8 +63,20 @@ def trials_text(c: dict) -> str:
 
 
 def count(c: dict, what: str, of: int | None = None) -> Count:
-    """The worst trial's mismatch count with its denominator (`of` overrides numel: a gradient's carrying elements)."""
-    return Count(int(c["n_mismatch"]), int(of if of is not None else c["numel"]), what)
+    """The worst trial's mismatch count with its denominator (`of` overrides numel: a gradient's carrying elements).
+    A count larger than its denominator is a ValueError (an impossible record is not rendered as a fraction > 1)."""
+    n = _count_of(c["n_mismatch"], "n_mismatch")
+    total = _count_of(of if of is not None else c["numel"], "numel")
+    if n > total:
+        raise ValueError(f"n_mismatch ({n:,}) exceeds its denominator ({total:,} {what}): the record is invalid")
+    return Count(n, total, what)
+
+
+def _max(v, unit: str) -> str:
+    """'max 29152 ULP' / 'max abs 0.000977'; a value that is not a finite number says so instead of 'nan'."""
+    if not _num(v):
+        return f"max {unit} not finite ({v!r})" if isinstance(v, (int, float)) else f"max {unit} not recorded"
+    return f"max {v:.0f} {unit}" if unit == "ULP" else f"max {unit} {v:.3g}"
 
 
 def describe(c: dict, what: str = "elements", of: int | None = None) -> str:
@@ -59,7 +86,8 @@ def describe(c: dict, what: str = "elements", of: int | None = None) -> str:
         return f"not applicable ({c.get('reason', 'one rank')})"
     if c["bitwise_equal"]:
         return "bitwise equal " + trials_text(c)
-    text = f"{count(c, what, of).text()} differ {trials_text(c)}, max {c['max_ulp']:.0f} ULP, max abs {c['max_abs']:.3g}"
+    text = f"{count(c, what, of).text()} differ {trials_text(c)}, {_max(c.get('max_ulp'), 'ULP')}, " \
+        f"{_max(c.get('max_abs'), 'abs')}"
     if "allclose_1e3" in c:
         text += f"; allclose(1e-3) {'passes' if c['allclose_1e3'] else 'fails'}"
     return text
@@ -104,14 +132,15 @@ def cost(rec: dict | None, floor: dict | None, where: dict | None = None) -> Cos
 
 def choose(candidates: list[tuple[str, Cost | None]], simplicity: Callable[[str], tuple]) -> dict:
     """Of the settings that hold (name, cost), which to name and how it is justified — never ranked inside the noise:
-    'free' (interval overlaps the noise floor: tied, the simplest named); 'tied' (the cheapest's interval overlaps
+    'free' (interval inside the noise floor: tied, the simplest named — a cost whose interval only overlaps the floor
+    reaches past it, so it is ranked with the others, never called free); 'tied' (the cheapest's interval overlaps
     others': tied, the simplest of the tied named); 'cheapest' (resolved from every other); invalid costs are never
     ranked nor 'no measurable cost'. Returns {'name', 'basis', 'tied': [names], 'invalid': [names], 'cost'}."""
     if not candidates:
         return {"name": None, "basis": "none holds", "tied": [], "invalid": [], "cost": None}
     valid = [(n, c) for n, c in candidates if c is not None and c.valid]
     invalid = [n for n, c in candidates if c is None or not c.valid]
-    free = [(n, c) for n, c in valid if c.resolved is False]
+    free = [(n, c) for n, c in valid if c.inside_floor]
     if free:
         best = min(free, key=lambda x: simplicity(x[0]))
         return {"name": best[0], "basis": "free", "tied": [n for n, _ in free], "invalid": invalid, "cost": best[1]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from .. import stats
 from ..config import ROUTER_FEATURES, MoEConfig, describe_features
 
 _DEFAULTS = {k: getattr(MoEConfig(), k) for k in ROUTER_FEATURES}
@@ -69,8 +70,19 @@ class Cost:
         return self.ci[0] > hi or self.ci[1] < lo
 
     @property
+    def against_floor(self) -> str | None:
+        """Where the interval lies against the A/A noise floor's: 'inside', 'overlaps', 'above', 'below'
+        (`stats.against_floor`, the one rule); None when invalid or without a floor."""
+        return stats.against_floor(self.ci, self.floor_ci) if self.valid else None
+
+    @property
+    def inside_floor(self) -> bool:
+        """The interval lies within the A/A noise floor's: the only case worded 'no measurable cost'."""
+        return self.against_floor == stats.INSIDE
+
+    @property
     def faster(self) -> bool:
-        return bool(self.resolved) and self.ci[1] < (self.floor_ci[0] if self.floor_ci else 1.0)
+        return self.against_floor == stats.BELOW
 
     def text(self) -> str:
         if not self.valid:
@@ -83,13 +95,11 @@ class Cost:
             s += f" wall time (collectives {self.collective_share:.0%} of the plain forward)"
         elif "virtual EP" in self.placement:
             s += " wall time (collective share not recorded: on virtual EP the wall time may be mostly transport)"
-        res = self.resolved
-        if res is False:
-            s += ", no measurable cost"
-        elif res is None:
+        rel = self.against_floor
+        if rel is None:
             s += ", no noise floor to judge it against"
-        elif self.faster:
-            s += ", measurably faster than plain — cause not measured"
+        elif rel in stats.FLOOR_WORDS:
+            s += ", " + stats.FLOOR_WORDS[rel]
         return s
 
 

@@ -20,11 +20,22 @@ floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(0.5
 counts = st.integers(0, 1000)
 
 
+IMPOSSIBLE = {"no trial": {"trials": 0, "n_differ": 0}, "more trials differ than ran": {"n_differ": 9},
+              "nan ULP": {"max_ulp": math.nan, "max_abs": math.nan},
+              "more mismatches than elements": {"n_mismatch": 10**6}, "negative count": {"n_mismatch": -1}}
+"""Values no measurement can give (a corrupt or hand-edited record): each must become NOT MEASURED or be worded as
+invalid, never rendered as a result ('in all 1 trial(s)', 'max nan ULP', '1,000,000 of 1,000')."""
+
+
 @st.composite
 def comparison(draw, trials=5, numel=1000):
     n = draw(counts)
     k = draw(st.integers(0, trials)) if n else 0
-    return cmp(n if k else 0, trials=trials, n_differ=k, numel=numel)
+    c = cmp(n if k else 0, trials=trials, n_differ=k, numel=numel)
+    broken = draw(st.sampled_from([None] * 8 + sorted(IMPOSSIBLE)))
+    if broken:
+        c.update(IMPOSSIBLE[broken], bitwise_equal=False)
+    return c
 
 
 @st.composite
@@ -123,6 +134,20 @@ def test_findings_never_raise_and_every_pass_rests_on_a_measured_record(recs):
 
 @SETTINGS
 @given(records())
+def test_impossible_values_are_never_rendered_as_results(recs):
+    """A comparison of no trial, NaN ULPs, or more mismatches (trials) than elements (trials run): no page says
+    'in all 1 trial(s)' of a trial-less record, 'nan ULP', or a count above its denominator."""
+    text = "\n".join(render.verdict(fs) for fs in questions.findings(recs).values())
+    assert "nan ULP" not in text and "max nan" not in text and "in all 0 trial" not in text
+    for f in all_findings(recs):
+        for c in f.evidence.counts:
+            assert 0 <= c.n <= c.of or c.of == 0, c
+        k_n = f.evidence.trials
+        assert k_n is None or 0 <= k_n[0] <= k_n[1], f
+
+
+@SETTINGS
+@given(records())
 def test_card_and_notebook_verdict_render_the_same_findings(recs):
     by_nb = questions.findings(recs)
     verdicts = {nb: render.verdict(fs) for nb, fs in by_nb.items()}
@@ -157,6 +182,10 @@ def test_nothing_is_cheapest_inside_overlapping_intervals_and_invalid_costs_are_
     for c in costs.values():
         if not c.valid:
             assert "no measurable cost" not in c.text() and c.resolved is None
+        if "no measurable cost" in c.text():  # said only where the interval lies within the floor's
+            assert c.floor_ci[0] <= c.ci[0] and c.ci[1] <= c.floor_ci[1], c
+    if ch["basis"] == "free":  # named free only when its interval lies within the floor's
+        assert costs[ch["name"]].inside_floor and all(costs[n].inside_floor for n in ch["tied"])
     if ch["basis"] == "cheapest":
         best = costs[ch["name"]]
         for n, c in costs.items():

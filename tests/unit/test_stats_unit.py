@@ -32,14 +32,34 @@ def test_drift_between_rounds_cancels():
     assert c["ratio"] == pytest.approx(1.1) and c["ci"] == pytest.approx([1.1, 1.1])
 
 
-def test_a_cost_inside_the_noise_floor_is_not_measurable():
+def test_a_cost_overlapping_the_noise_floor_is_not_resolved():
     floor = {"ratio": 1.0, "ci": [0.95, 1.06]}
     assert stats.measurable({"ratio": 1.03, "ci": [0.99, 1.08]}, floor) is False
     assert stats.measurable({"ratio": 1.9, "ci": [1.8, 2.1]}, floor) is True
     assert stats.measurable({"ratio": 1.9, "ci": [1.8, 2.1]}, None) is None
-    assert stats.describe({"ratio": 1.03, "ci": [0.99, 1.08]}, floor) == "1.03x (95 % CI 0.99–1.08), no measurable cost"
+    assert stats.describe({"ratio": 1.02, "ci": [0.99, 1.05]}, floor) == \
+        "1.02x (95 % CI 0.99–1.05), no measurable cost (interval inside the A/A noise floor)"
     assert stats.describe({"ratio": 1.9, "ci": [1.8, 2.1]}, floor) == "1.90x (95 % CI 1.80–2.10)"
     assert stats.describe(None) == "n/a"
+
+
+@pytest.mark.parametrize("ci, floor, relation", [
+    ((0.99, 1.05), (0.95, 1.06), "inside"),
+    ((0.95, 1.06), (0.95, 1.06), "inside"),      # the floor's own interval: inside, edges included
+    ((0.99, 1.08), (0.95, 1.06), "overlaps"),    # reaches past the floor: not "no measurable cost"
+    ((1.02, 2.44), (0.76, 1.29), "overlaps"),    # a committed CPU router-fp32 cost: far above 1, not inside
+    ((0.90, 1.10), (0.95, 1.06), "overlaps"),    # wider than the floor on both sides
+    ((1.8, 2.1), (0.95, 1.06), "above"),
+    ((0.5, 0.9), (0.95, 1.06), "below"),
+    ((1.0, float("nan")), (0.95, 1.06), None), ((1.0, 1.1), None, None), ((1.1, 1.0), (0.9, 1.2), None),
+])
+def test_a_cost_is_worded_by_where_its_interval_lies_against_the_floor(ci, floor, relation):
+    """One rule (stats.against_floor): 'no measurable cost' only inside the floor; overlapping it is 'not told
+    apart'."""
+    assert stats.against_floor(ci, floor) == relation
+    text = stats.describe({"ratio": 1.0, "ci": list(ci)}, {"ci": list(floor)} if floor else None)
+    assert ("no measurable cost" in text) == (relation == "inside")
+    assert ("not told apart" in text) == (relation == "overlaps")
 
 
 def test_driver_version_is_read_from_the_kernel_module_line(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 fails in one trial, EP=2 where a+b=b+a, costs inside the noise, one rank, only emulated cases) and the status, claim
 and remedy that must follow them — the same findings the notebooks' verdicts and the index cards render."""
 
+import pytest
 from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, rec01
 
 from moe_lab.findings import FAIL, MIXED, NA, NOT_MEASURED, PASS, headline
@@ -250,3 +251,46 @@ def test_03_a_remedy_that_brings_its_own_engine_environment_says_so():
                                                                              ci=(1.2, 1.4), env=ws)]
     g = promotion.findings(same)[0]
     assert g.remedy == f.remedy and "its engines ran with" not in g.claim
+
+
+# ---------------------------------------------------------------------------------------------- impossible values
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"trials": 0, "n_differ": 0}, "trials (0)"),
+    ({"trials": 3, "n_differ": 4}, "n_differ (4) exceeds trials (3)"),
+    ({"n_mismatch": 30_000, "numel": 23_040}, "n_mismatch (30,000) exceeds its denominator (23,040"),
+    ({"n_mismatch": -1}, "n_mismatch (-1) is not a count"),
+    ({"trials": 2.5}, "trials (2.5) is not a count"),
+])
+def test_an_impossible_comparison_is_refused_by_name_not_rendered(change, needle):
+    """The words of a comparison (`describe`) never render a trial-less 'in all 1 trial(s)' or a fraction above 1:
+    the value is named (ValueError), which `guarded` turns into a NOT MEASURED finding. The control: the same
+    comparison without the change renders."""
+    from moe_lab.findings.common import describe
+
+    c = cmp(7, trials=3, numel=23_040)
+    assert describe(c).startswith("7 of 23,040 elements")  # control
+    with pytest.raises(ValueError) as e:
+        describe({**c, **change})
+    assert needle in str(e.value)
+
+
+def test_a_nan_ulp_is_worded_as_not_finite():
+    from moe_lab.findings.common import describe
+
+    c = cmp(7, trials=3)
+    text = describe({**c, "max_ulp": float("nan"), "max_abs": None})
+    assert "max ULP not finite (nan)" in text and "max abs not recorded" in text and "nan ULP" not in text
+
+
+def test_a_record_with_no_trial_is_not_measured_in_every_question():
+    """Notebook 01's record whose comparisons ran no trial: NOT MEASURED, naming the field (the control: as measured,
+    the same record gives a verdict)."""
+    from moe_lab.questions.reproduce import findings as f01
+
+    ok = rec01("allgather", "none", cmp(5), cmp())
+    assert all(f.status != NOT_MEASURED for f in f01.findings([ok]))
+    bad = rec01("allgather", "none", {**cmp(5), "trials": 0, "n_differ": 0}, cmp())
+    fs = f01.findings([bad])
+    assert fs and all(f.status == NOT_MEASURED for f in fs) and "trials (0)" in fs[0].claim

@@ -114,7 +114,8 @@ def records(case: Case, per_rank: list[dict], record_type=PromotionRecord) -> li
 
 def cost_table(records: list[dict]):
     """Cost of every cell relative to the plain bf16 forward of the same release and dispatcher (paired rounds):
-    `relative_time` (median ratio), its 95 % interval, and whether it is measurable against the A/A noise floor."""
+    `relative_time` (median ratio), its 95 % interval, and where that interval lies against the A/A noise floor
+    (`vs_noise_floor`: inside, overlaps, above, below — `stats.against_floor`)."""
     import pandas as pd
 
     rows = []
@@ -125,7 +126,8 @@ def cost_table(records: list[dict]):
         rows.append({**{k: r[k] for k in ("megatron_core", "dispatcher", "router_dtype", "probs_fp32_gather",
                                           "deterministic")},
                      "relative_time": r["cost"]["ratio"], "ci_low": r["cost"]["ci"][0], "ci_high": r["cost"]["ci"][1],
-                     "measurable": stats.measurable(r["cost"], floor) if not is_plain(r) else None,
+                     "vs_noise_floor": (stats.against_floor(r["cost"].get("ci"), (floor or {}).get("ci"))
+                                        if not is_plain(r) else None),
                      "t_forward_ms": 1e3 * r["cost"]["t_with_s"], "setting": remedy_name(r)})
     return pd.DataFrame(rows)
 
