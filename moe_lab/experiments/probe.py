@@ -76,7 +76,7 @@ def on_engine(payload: dict) -> dict:
     from .remedies import probs_fp32_before_gather
 
     kn = payload["knobs"]
-    s = toolkit.setup(payload["moe"], payload["layout"])
+    s = toolkit.setup(payload["moe"], payload.get("layout"))
     cut, detail = payload["cut"], kn.get("detail", False)
     trunc = s.truncated(cut)
     trials = []

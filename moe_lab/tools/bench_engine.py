@@ -17,7 +17,7 @@ def time_capture(payload: dict, *, rounds: int = 10) -> dict:
     from .. import metrics
     from ..engine import capture, compat, toolkit
 
-    s = toolkit.setup(payload["moe"], payload["layout"])
+    s = toolkit.setup(payload["moe"], payload.get("layout"))
     cfg, layer, tokens = s.cfg, s.layer, s.tokens
     stages = []
 
@@ -50,7 +50,7 @@ def time_collective_timer(payload: dict, *, rounds: int = 20) -> dict:
     from .. import metrics
     from ..engine import toolkit
 
-    s = toolkit.setup(payload["moe"], payload["layout"])
+    s = toolkit.setup(payload["moe"], payload.get("layout"))
     outs = []
 
     def fwd():

@@ -59,7 +59,10 @@ def test_a_layout_the_world_cannot_take_is_refused_before_engines_start():
     from moe_lab import profiles
 
     p = profiles.load("cpu", {"layouts": ["ep1", "ep3"]})
-    with pytest.raises(ValueError, match=r"layouts entry 'ep3' on 4 ranks: .*num_experts \(8\) must be divisible"):
+    with pytest.raises(ValueError, match=r"layouts entry 'ep3' on 4 ranks: .*world \(4\) must be a multiple of etp x ep"):
+        layouts.cases(p)
+    p = profiles.load("cpu", {"layouts": ["ep1", "ep4"], "num_experts": 6, "topk": 2})  # the layer's rule
+    with pytest.raises(ValueError, match=r"layouts entry 'ep4' on 4 ranks: .*num_experts \(6\) must be divisible"):
         layouts.cases(p)
     assert len(layouts.cases(profiles.load("cpu", {"layouts": ["ep1", "tp2,ep2"]}))) == 2 * 2 * 2  # the control
 

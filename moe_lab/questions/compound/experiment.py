@@ -211,7 +211,7 @@ def engine_backward(payload: dict) -> dict:
     from ..localise import experiment as localise
 
     kn, cut = payload["knobs"], payload["cut"]
-    s = toolkit.setup(payload["moe"], payload["layout"])
+    s = toolkit.setup(payload["moe"], payload.get("layout"))
     layer = s.layer
     layer._moe_lab_pf32 = s.cfg.probs_fp32_gather
     R = _loss_weights(s.cfg, s.device)
@@ -246,9 +246,9 @@ def engine_backward(payload: dict) -> dict:
         rounds = kn.get("rounds", 0)
         if rounds:
             plain = toolkit.setup({**payload["moe"], "router_dtype": "none", "probs_fp32_gather": False,
-                                   "deterministic": False, "options": ()}, payload["layout"])
+                                   "deterministic": False, "options": ()}, payload.get("layout"))
             # the case's layer again (the cache may have reordered)
-            layer = toolkit.setup(payload["moe"], payload["layout"]).layer
+            layer = toolkit.setup(payload["moe"], payload.get("layout")).layer
             times = toolkit.paired_rounds({"case": lambda: _step([layer], s.tokens, cut, R, remedy, "full"),
                                            "plain": lambda: _step([plain.layer], plain.tokens, cut, R)}, rounds)
             res["times"] = times
@@ -275,7 +275,7 @@ def engine_depth(payload: dict) -> dict:
     from ...engine import layer as layer_mod, toolkit
 
     kn, cut = payload["knobs"], payload["cut"]
-    s = toolkit.setup(payload["moe"], payload["layout"])
+    s = toolkit.setup(payload["moe"], payload.get("layout"))
     stack = layer_mod.get_stack(s.cfg, s.layout, kn["layers"], distinct=kn["distinct"])
     for lyr in stack:
         lyr._moe_lab_pf32 = s.cfg.probs_fp32_gather

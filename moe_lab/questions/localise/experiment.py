@@ -79,7 +79,7 @@ def on_engine(payload: dict) -> dict:
     from ... import metrics
     from ...engine import toolkit
 
-    s = toolkit.setup(payload["moe"], payload["layout"])
+    s = toolkit.setup(payload["moe"], payload.get("layout"))
     trials = [_capture_and_compare(s) for _ in range(payload.get("knobs", {}).get("trials", 1))]
     first = trials[0]
     stages = first["stages"]

@@ -72,9 +72,9 @@ def on_engine(payload: dict) -> dict:
     res = {"probe": probe.on_engine(payload), "localise": localise.on_engine(payload)}
     rounds = payload["knobs"].get("cost_rounds", 0)
     if rounds:
-        s = toolkit.setup(cfg_d, payload["layout"])
+        s = toolkit.setup(cfg_d, payload.get("layout"))
         plain = toolkit.setup({**cfg_d, "router_dtype": "none", "probs_fp32_gather": False, "deterministic": False},
-                              payload["layout"])
+                              payload.get("layout"))
 
         def cell():
             with toolkit.deterministic(s.cfg.deterministic), probs_fp32_before_gather(s.layer,

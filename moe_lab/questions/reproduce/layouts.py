@@ -109,14 +109,14 @@ def on_engine(payload: dict) -> dict:
     trials, outs = [], []
     with toolkit.deterministic(moe["deterministic"]):
         for _ in range(kn.get("trials", 1)):
-            st = _forward_stages(moe, payload["layout"])
+            st = _forward_stages(moe, payload.get("layout"))
             t = {"vs_reference": metrics.compare(st["out"], ref["out"]),
                  "stages": {k: _cmp_stage(st.get(k), ref.get(k)) for k in STAGES}}
             t["rerun"] = metrics.compare(st["out"], outs[0]) if outs else metrics.identical(st["out"])
             outs.append(st["out"])
             trials.append(t)
         # a training step's forward: grad enabled (0.18+ sorts the top-k then)
-        s = toolkit.setup(moe, payload["layout"])
+        s = toolkit.setup(moe, payload.get("layout"))
         grad = toolkit.forward(s.layer, s.tokens, grad=True)
     cross = [toolkit.compare_across_ranks({"out": o}) for o in outs]
     res = {"rank": toolkit.tdist.get_rank(), "trials": trials, "grad_vs_nograd": metrics.compare(grad, outs[0])}

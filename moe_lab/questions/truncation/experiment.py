@@ -239,13 +239,14 @@ def on_engine(payload: dict):
 
     kind, kn, cut = payload["kind"], payload["knobs"], payload["cut"]
     if kind == "routing":
-        return engine_routing(payload["moe"], cut=cut, layout=payload["layout"])
+        return engine_routing(payload["moe"], cut=cut, layout=payload.get("layout"))
     if kind == "kernel":
-        return engine_kernel(payload["moe"], layout=payload["layout"], ms=kn["ms"], states=kn["states"], cut=cut)
+        return engine_kernel(payload["moe"], layout=payload.get("layout"), ms=kn["ms"], states=kn["states"],
+                             cut=cut)
     case = {k: kn[k] for k in ("emulation", "remedy", "tile")}
     try:
         return engine_case(payload["moe"], case, cut=cut, rounds=kn.get("rounds", 7), trials=kn.get("trials", 1),
-                           layout=payload["layout"])
+                           layout=payload.get("layout"))
     except (KeyError, RuntimeError, NotImplementedError, AssertionError) as e:
         if "batch_invariant_mode" not in case["remedy"]:
             raise
