@@ -193,3 +193,59 @@ def test_nothing_is_cheapest_inside_overlapping_intervals_and_invalid_costs_are_
                 assert c.ci[0] > best.ci[1] or c.ci[1] < best.ci[0], (ch, costs)
     if ch["basis"] in ("free", "tied", "cheapest"):
         assert costs[ch["name"]].valid
+
+
+@st.composite
+def truncation_records(draw):
+    """Notebook 04's records over several subjects at once — two dispatchers, router dtypes, devices and releases —
+    each failing or passing on its own, with routing rows and kernel probes of their own device."""
+    out = []
+    cpu = {"device": "cpu", "gpu": None, "ranks_per_gpu": None, "cpu": {"model": "EPYC", "isa": ["avx512f"]}}
+    for i in range(draw(st.integers(1, 4))):
+        d = draw(st.sampled_from(["allgather", "alltoall"]))
+        rd = draw(st.sampled_from(["none", "fp64"]))
+        dev = draw(st.sampled_from(["gpu", "cpu"]))
+        rel = draw(st.sampled_from(["0.12.3", "0.16.1"]))
+        s = dict(router_dtype=rd, megatron_core=rel, **(cpu if dev == "cpu" else {}))
+        tag = f"{i}/{d}/{rd}/{dev}/{rel}"
+        out.append(case04(d, "none", draw(comparison(numel=23040)), draw(comparison()), case_key=f"{tag}/none", **s))
+        out.append(case04(d, "no_splitk", draw(comparison(numel=23040)), cmp(), ratio=1.1, ci=(1.05, 1.15),
+                          case_key=f"{tag}/fix", **s))
+        if draw(st.booleans()):
+            flips = draw(st.booleans())
+            rt = {"notebook": "04", "kind": "routing", "dispatcher": d, "case_key": f"{tag}/routing", "cut": 90,
+                  "routing": {"routing_map_equal": not flips, "probs": {"bitwise_equal": not flips},
+                              "probs_dtype": "bf16"},
+                  "rows_per_expert": {"full": [1, 2], "truncated": [1, 2]},
+                  "zero_tokens": {"max_abs_logit": 0.0, "expert_sets": [[0, 1]]}}
+            out.append({**ENV, **s, **rt})
+        if draw(st.booleans()):
+            for M in (128, 256):
+                out.append(kernel04("fc1", M, draw(st.booleans()), case_key=f"{tag}/k{M}", **s,
+                                    **({} if dev == "cpu" else {"device": "cuda"})))
+    return out
+
+
+@SETTINGS
+@given(truncation_records())
+def test_truncation_evidence_is_never_pooled_across_subjects(recs):
+    """Every 04 finding rests on records of its own subject: a 'why' on its release, device, layer, dispatcher and
+    router dtype; a truncation or fix finding on its setting's own (router dtype included); a kernel finding on one
+    device and release — one dispatcher's routing never explains another's failure, a CPU probe never an H200's."""
+    from moe_lab.questions.truncation import findings as t04
+
+    by_key = {r["case_key"]: r for r in recs}
+    for f in t04.findings(recs):
+        ev = [by_key[k] for k in f.evidence.records if k in by_key]
+        assert ev, f
+        if f.question == "why truncation fails":
+            assert len({t04.device_key(r) + (r["dispatcher"], r["router_dtype"]) for r in ev}) == 1, f
+            other = [r for r in recs if r.get("kind") == "routing" and not t04._same(ev[0], r)]
+            if "routing of the first tokens itself changes" in f.claim:  # said only from its own routing rows
+                assert any(r.get("kind") == "routing" and t04._same(ev[0], r)
+                           and not r["routing"]["routing_map_equal"] for r in recs), (f, other)
+        elif f.question in (t04.QUESTION, t04.FIX):
+            assert len({(t04.device_key(r), r["dispatcher"], r["router_dtype"]) for r in ev}) == 1, f
+            assert f.status == NOT_MEASURED or f.subject.get("router_dtype") == ev[0]["router_dtype"]
+        elif f.question == "expert GEMM batch invariance":
+            assert len({t04.device_key(r) for r in ev}) == 1, f

@@ -1,7 +1,9 @@
-"""Notebook 04's findings: per release x dispatcher x placement and setting (CUBLAS_WORKSPACE_CONFIG, emulation), does
-the truncation test hold bitwise on the real layer (in k of N trials), which remedy holds in every trial at what cost
-(never ranked inside the noise), and the evidence for why: the first tokens' routing, and whether this device's own
-expert GEMMs are batch variant (the kernel probe, with the GPU or the CPU model and ISA that measured it)."""
+"""Notebook 04's findings: per release x dispatcher x placement x layer x router dtype and setting
+(CUBLAS_WORKSPACE_CONFIG, emulation), does the truncation test hold bitwise on the real layer (in k of N trials), which
+remedy holds in every trial at what cost (never ranked inside the noise), and the evidence for why: the first tokens'
+routing, and whether this device's own expert GEMMs are batch variant (the kernel probe, with the GPU or the CPU model
+and ISA that measured it). Evidence is never pooled across subjects: a failing case's "why" rests only on records of
+its own release, layer, device and dispatcher (`_same`)."""
 
 from __future__ import annotations
 
@@ -48,26 +50,50 @@ def device_label(r: dict) -> str:
     return f"CPU {cpu.get('model', '?')} ({isa}" + (f"; torch CPU capability {cap}" if cap else "") + ")"
 
 
+def device_key(r: dict) -> tuple:
+    """What a kernel's behaviour depends on: the release, the device that ran it (the GPU, or the CPU model and ISA)
+    and the layer (its GEMM shapes) — not the world or the dispatcher."""
+    s = subject_of(r)
+    return (s["release"], device_label(r), s["layer"])
+
+
+def _same(r: dict, other: dict, *, dispatcher: bool = True) -> bool:
+    """`other` may stand as evidence for `r`: the same release, device and layer, and (unless not asked: a kernel
+    probe's rows) the same dispatcher and router dtype where both state one."""
+    if device_key(r) != device_key(other):
+        return False
+    if not dispatcher:
+        return True
+    rd, ord_ = r.get("router_dtype"), other.get("router_dtype")
+    return r.get("dispatcher") == other.get("dispatcher") and (rd is None or ord_ is None or rd == ord_)
+
+
 def _kernels(records: list[dict], remedy: str) -> dict[tuple, list[dict]]:
-    """Real-kernel probe rows of one remedy state, by (linear, workspace), of the first world probed."""
+    """Real-kernel probe rows of one remedy state, by (release, device, layer, linear, workspace), each of the first
+    world probed on that device: a CPU's rows never join a GPU's, nor one release's another's."""
     ks = [r for r in records if r.get("kind") == "kernel" and not r.get("emulated") and r.get("remedy") == remedy]
-    worlds = sorted({r.get("world") for r in ks})
+    first_world: dict = {}
+    for r in ks:
+        w = r.get("world")
+        if isinstance(w, int):
+            first_world[device_key(r)] = min(first_world.get(device_key(r), w), w)
     out: dict = {}
     for r in ks:
-        if r.get("world") == worlds[0]:
-            out.setdefault((r.get("linear", "fc1"), ws(r)), []).append(r)
+        if r.get("world") == first_world.get(device_key(r), r.get("world")):
+            out.setdefault(device_key(r) + (r.get("linear", "fc1"), ws(r)), []).append(r)
     return out
 
 
 def kernel_findings(records: list[dict]) -> list[Finding]:
     out = []
     fixed_by = {rem: _kernels(records, rem) for rem in ("no_splitk", "tiled_experts")}
-    for (lin, w), rows in _kernels(records, "none").items():
+    for key, rows in _kernels(records, "none").items():
+        lin, w = key[-2:]
         rows = sorted(rows, key=lambda r: r["M"])
         bad = [r["M"] for r in rows if not r["kernel"]["bitwise_equal"]]
         dev = device_label(rows[0])
-        fixes = {rem: all(x["kernel"]["bitwise_equal"] for x in ks.get((lin, w), []))
-                 for rem, ks in fixed_by.items() if ks.get((lin, w))}
+        fixes = {rem: all(x["kernel"]["bitwise_equal"] for x in ks.get(key, []))
+                 for rem, ks in fixed_by.items() if ks.get(key)}
         subj = {**subject_of(rows[0]), "dispatcher": "any", "linear": lin, "workspace": w, "device": dev}
         k0 = rows[0]
         shape = f"K={k0.get('K')}, N={k0.get('N')}" if k0.get("K") else ""
@@ -113,7 +139,8 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
     plain = next((r for r in cases if r["remedy"] == "none"), None)
     r0 = plain or cases[0]
     label = setting_label(r0)
-    subj = subject_of(r0, setting=label, workspace=ws(r0), emulation=r0.get("emulation", "none"))
+    subj = subject_of(r0, router_dtype=str(r0.get("router_dtype")), setting=label, workspace=ws(r0),
+                      emulation=r0.get("emulation", "none"))
     real = not r0.get("emulated")
     commits = commits_of(cases)
     if plain is None:
@@ -162,24 +189,35 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
 
 
 def _why(records: list[dict], cases: list[dict], kern: list[Finding]) -> list[Finding]:
-    """Why the real layer fails, each cause with its evidence; no cause is assumed."""
+    """Why the real layer fails, each cause with its evidence; no cause is assumed. One finding per failing
+    release x device x layer x dispatcher, each resting only on that subject's records (`_same`): one dispatcher's
+    routing never explains another's failure, a CPU's kernel probe never an H200's."""
     real = [r for r in cases if not r.get("emulated")]
-    plain = [r for r in real if r["remedy"] == "none"]
-    failing = [r for r in plain if not holds(r)]
-    if not failing:
-        return []
+    failing = [r for r in real if r["remedy"] == "none" and not holds(r)]
+    by_subject: dict = {}
+    for r in failing:
+        by_subject.setdefault(device_key(r) + (r.get("dispatcher"), r.get("router_dtype")), []).append(r)
+    kernel_rows = {id(f): [r for r in records if r.get("case_key") in set(f.evidence.records)] for f in kern}
+    out = []
+    for fs in by_subject.values():
+        mine = [f for f in kern if any(_same(fs[0], k, dispatcher=False) for k in kernel_rows[id(f)])]
+        out.append(_why_one(fs, [r for r in records if r.get("kind") == "routing" and _same(fs[0], r)],
+                            [r for r in real if _same(fs[0], r)], [f for f in mine if f.status == FAIL], bool(mine)))
+    return out
+
+
+def _why_one(failing: list[dict], rts: list[dict], real: list[dict], variant: list[Finding],
+             probed: bool) -> Finding:
     causes = []
-    rts = [r for r in records if r.get("kind") == "routing"]
     if any(not (r["routing"]["routing_map_equal"] and r["routing"]["probs"]["bitwise_equal"]) for r in rts):
         causes.append("the routing of the first tokens itself changes")
-    variant = [f for f in kern if f.status == FAIL]
     gemm_fix = list(dict.fromkeys(rem_label(r["remedy"], r.get("tile")) for r in real
                                   if ("tiled_experts" in r["remedy"] or "no_splitk" in r["remedy"])
                                   and r["truncation"]["bitwise_equal"]))
     if variant or gemm_fix:
         ev = [f.claim for f in variant] + ([f"the first tokens are bitwise equal again with {', '.join(gemm_fix[:3])}"]
                                            if gemm_fix else [])
-        if kern and not variant:
+        if probed and not variant:
             ev.append("the kernel probe saw no variance at its M values, so it is at the layer's own, uneven row "
                       "counts per expert")
         causes.append("the expert GEMMs are batch variant (" + "; ".join(ev) + ")")
@@ -190,10 +228,10 @@ def _why(records: list[dict], cases: list[dict], kern: list[Finding]) -> list[Fi
                       + (f"; {' and '.join(fixed)} make the rerun equal" if fixed else "") + ")")
     if not causes:
         causes.append("no cause isolated by these experiments")
-    names = sorted({f"{r['dispatcher']} ({setting_label(r)})" for r in failing})
-    return [Finding(EXPERIMENT, "why truncation fails", subject_of(failing[0], dispatcher="any"), FAIL,
-                    f"the truncation test fails on the real layer for {', '.join(names)}: " + "; ".join(causes),
-                    Evidence(records=case_keys(failing)), commits=commits_of(failing))]
+    names = sorted({f"{r['dispatcher']} ({setting_label(r)}, router {r.get('router_dtype')})" for r in failing})
+    return Finding(EXPERIMENT, "why truncation fails", subject_of(failing[0]), FAIL,
+                   f"the truncation test fails on the real layer for {', '.join(names)} on {device_label(failing[0])}: "
+                   + "; ".join(causes), Evidence(records=case_keys(failing)), commits=commits_of(failing))
 
 
 def findings(records: list[dict]) -> list[Finding]:
@@ -203,9 +241,10 @@ def findings(records: list[dict]) -> list[Finding]:
     out: list[Finding] = guarded(EXPERIMENT, "first tokens' routing", recs, lambda: routing_findings(recs))
     kern = guarded(EXPERIMENT, "expert GEMM batch invariance", recs, lambda: kernel_findings(recs))
     out += kern
-    for _key, sub in groups(cases, "workspace", "emulation").items():
-        miss = [r for r in na if (r.get("dispatcher"), r.get("world"), ws(r), r.get("emulation")) ==
-                (sub[0].get("dispatcher"), sub[0].get("world"), ws(sub[0]), sub[0].get("emulation"))]
+    for _key, sub in groups(cases, "router_dtype", "workspace", "emulation").items():
+        miss = [r for r in na if (r.get("dispatcher"), r.get("router_dtype"), r.get("world"), ws(r), r.get("emulation"))
+                == (sub[0].get("dispatcher"), sub[0].get("router_dtype"), sub[0].get("world"), ws(sub[0]),
+                    sub[0].get("emulation"))]
         out += guarded(EXPERIMENT, QUESTION, sub, lambda sub=sub, miss=miss: _setting(sub, miss))
     # a subject measured only under EMULATION: the real layer's truncation is not measured, and says so
     real_keys = {k[:4] for k in groups([r for r in cases if not r.get("emulated")])}
