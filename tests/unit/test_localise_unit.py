@@ -53,3 +53,21 @@ def test_compare_any_handles_bool_and_int():
     a = torch.tensor([True, False, True])
     c = toolkit.compare_any(a, torch.tensor([True, True, True]))
     assert c["n_mismatch"] == 1 and not c["bitwise_equal"]
+
+
+def test_a_stage_that_diverges_in_some_trials_only_is_mixed_as_in_notebook_01():
+    """02 words a divergence in 1 of 3 trials as 01 does (MIXED), in 3 of 3 as FAIL (the control)."""
+    from records_factory import ENV, case02
+
+    from moe_lab.findings.model import FAIL, MIXED
+    from moe_lab.questions.localise import findings as f02
+
+    def first(k):
+        case = case02("allgather", "bf16 (nothing)", "combine.comm")
+        row = {**ENV, "notebook": "02", "kind": "stage", "case_key": case["case_key"], "stage": "combine.comm",
+               "stage_kind": "replicated", "unit": "rank 0-1", "bitwise_equal": False, "n_differ": k, "trials": 3,
+               "mismatch_frac": 0.1}
+        return next(f for f in f02.findings([case, row]) if f.question == "first divergent stage")
+
+    assert first(1).status == MIXED and "in 1 of 3 trials" in first(1).claim
+    assert first(3).status == FAIL

@@ -5,7 +5,7 @@ which variants make every stage agree."""
 from __future__ import annotations
 
 from ...findings.common import groups, guarded
-from ...findings.model import FAIL, NA, PASS, Evidence, Finding, case_keys, commits_of, subject_of
+from ...findings.model import FAIL, MIXED, NA, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 
 EXPERIMENT = "localise"
 PLAIN = "bf16 (nothing)"
@@ -56,7 +56,9 @@ def _case(records: list[dict], c: dict) -> Finding:
              + (f"; it is the collective {coll}" if coll else "")
              + (f"; output: {c['out_mismatch_frac']:.3g} of elements differ, max {c['out_max_ulp']:.0f} ULP"
                 if c.get("out_mismatch_frac") is not None else ""))
-    f = Finding(EXPERIMENT, "first divergent stage", subj, FAIL, claim, ev, card=v == PLAIN, commits=commits_of([c]))
+    # as notebook 01 says it: a divergence in some trials only is MIXED, in every trial FAIL
+    status = MIXED if ev.trials is not None and 0 < ev.trials[0] < ev.trials[1] else FAIL
+    f = Finding(EXPERIMENT, "first divergent stage", subj, status, claim, ev, card=v == PLAIN, commits=commits_of([c]))
     f.subject["first_stage"], f.subject["collective"] = where, coll
     return f
 
