@@ -52,3 +52,19 @@ def test_every_setting_names_a_remedy_that_enters_something_or_nothing_on_purpos
         with compound.remedy_entered(object(), remedy, "truncated"):
             pass
         assert bool(entered) == (remedy != "none"), name
+
+
+def test_one_rank_never_says_the_gradients_agree_across_ranks():
+    """With one rank the cross-rank comparisons are not applicable: the plain backward's PASS says what it covers
+    (reruns and truncation) and that ranks were not compared (the control: four ranks say 'across ranks')."""
+    from records_factory import back05
+
+    from moe_lab.findings.labels import GRAD_CMPS
+    from moe_lab.questions.compound import findings as f05
+
+    four = back05("allgather", "plain")
+    one = {**four, **{k: {"applicable": False, "reason": "world size 1", "trials": 3}
+                      for k in (*GRAD_CMPS, "cross_out") if k.startswith("cross")}, "world": 1}
+    claim = lambda r: next(f for f in f05.findings([r]) if f.question == f05.QUESTION).claim  # noqa: E731
+    assert "across ranks, reruns and truncation" in claim(four)
+    assert "across ranks: not applicable, one rank" in claim(one) and "across ranks, reruns" not in claim(one)

@@ -73,6 +73,15 @@ def fails(r: dict, keys) -> list[str]:
     return out
 
 
+def _scope(r: dict) -> str:
+    """What an 'every gradient equal' covers: across ranks only where ranks were compared (one rank: not applicable,
+    and said so, never counted as equal)."""
+    ranks = [k for k in GRAD_CMPS if k.startswith("cross")]
+    if all(not r[k].get("applicable", True) for k in ranks):
+        return "between reruns and under truncation (across ranks: not applicable, one rank)"
+    return "across ranks, reruns and truncation"
+
+
 def simplicity(name: str) -> tuple:
     return (name.count("+") + name.count(","), len(name))
 
@@ -93,7 +102,7 @@ def _backward(sub: list[dict]) -> list[Finding]:
         g, f = fails(plain, GRAD_CMPS), fails(plain, FWD_CMPS)
         led = sorted({c["op"] + " in " + c["dtype"] for c in plain.get("backward_ledger", [])
                       if c["op"].startswith(("reduce_scatter", "all_to_all"))})
-        claim = (f"{d}, plain: " + ("every gradient bitwise equal across ranks, reruns and truncation in every trial"
+        claim = (f"{d}, plain: " + (f"every gradient bitwise equal {_scope(plain)} in every trial"
                                    if not g else "gradients differ — " + "; ".join(g))
                  + ("" if not f else "; forward: " + "; ".join(f)))
         notes = ([f"the backward first differs at {plain['backward_first_divergent']}"]
