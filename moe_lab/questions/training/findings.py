@@ -35,6 +35,7 @@ EXPERIMENT = "training"
 QUESTION = "layouts agree"
 RUN_TO_RUN = "layout vs run-to-run"
 FIX = "fix: layouts"
+FINITE = "loss finite"
 
 
 def unpack(text: str, code: str) -> list:
@@ -84,6 +85,37 @@ def weight_divergence(a: dict, b: dict) -> list[float]:
         d = math.sqrt(sum((x - y) ** 2 for x, y in zip(sa, sb)) / len(sa))
         out.append(d / nb if nb else math.inf)
     return out
+
+
+SKETCH_Z = 3.3
+"""Two-sided z of the sketch band (~99.9 %)."""
+
+
+def sketch_band(a: dict) -> float:
+    """How far apart two ||Δw|| estimates from `a`'s sketches may lie by estimation alone: each squared estimate is
+    ||Δw||² times a chi-square with m degrees of freedom over m (m random projections); with that chi-square's
+    ~99.9 % quantiles (Wilson–Hilferty), one estimate may exceed another by sqrt(upper / lower) with nothing else
+    different. Two estimates are told apart only beyond this factor (inf: no projections)."""
+    m = len(a["weights_sketch"][0]) if a.get("weights_sketch") else 0
+    if not m:
+        return math.inf
+    c = 2 / (9 * m)
+    lo = 1 - c - SKETCH_Z * math.sqrt(c)
+    if lo <= 0:
+        return math.inf
+    return math.sqrt((1 - c + SKETCH_Z * math.sqrt(c)) ** 3 / lo ** 3)
+
+
+def non_finite(r: dict) -> int | None:
+    """The first step (1..K) whose loss is not a finite number, None if every loss is."""
+    return next((t for t, x in enumerate(r.get("loss") or [], start=1)
+                 if not isinstance(x, (int, float)) or not math.isfinite(x)), None)
+
+
+def steps_text(rs: list[dict]) -> str:
+    """'50 steps' — read from the runs a claim compares (a range where they ran different numbers of steps)."""
+    ks = sorted({len(r["loss"]) for r in rs})
+    return f"{ks[0]} steps" if len(ks) == 1 else f"{ks[0]}–{ks[-1]} steps"
 
 
 def flips(a: dict, b: dict) -> list[list[dict]]:
@@ -167,6 +199,10 @@ def _part(r: dict, ref: dict) -> str:
     if t is None:
         return f"{who}: bitwise equal to {layout_of(ref)} run 0 for all {K} steps (loss bits and weights)"
     rl, wd = rel_loss(r, ref)[-1], weight_divergence(r, ref)[-1]
+    bad = non_finite(r) or non_finite(ref)
+    if bad or not (math.isfinite(rl) and math.isfinite(wd)):
+        return (f"{who}: first differs after step {t} of {K} (in {where_parted(r, ref, t)}); the loss or the weights "
+                f"are not finite" + (f" from step {bad}" if bad else "") + " — no distance is given")
     fl = flips(r, ref)
     last = ", ".join(f"layer {i + 1}: {per[-1]['n']} of {per[-1]['of']}" for i, per in enumerate(fl))
     tot = sum(f["n"] for per in fl for f in per)
@@ -232,14 +268,21 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
         K = len(ref["loss"])
         lay_t = [first_difference(r, ref) for r in layout]
         run_t = [first_difference(r, b) for r, b in reruns]
-        lay_w = max(weight_divergence(r, ref)[-1] for r in layout)
-        run_w = max(weight_divergence(r, b)[-1] for r, b in reruns)
+        lay_ws = [weight_divergence(r, ref)[-1] for r in layout]
+        run_ws = [weight_divergence(r, b)[-1] for r, b in reruns]
+        finite = all(math.isfinite(w) for w in lay_ws + run_ws)
+        lay_w, run_w = (max(lay_ws), max(run_ws)) if finite else (math.nan, math.nan)
+        band = sketch_band(ref)
         n_run = sum(t is not None for t in run_t)
         first_lay = min((t for t in lay_t if t is not None), default="-")
         first_run = min((t for t in run_t if t is not None), default="-")
         said = (f"layout: {sum(t is not None for t in lay_t)} of {len(layout)} layout(s) part from {layout_of(ref)} "
                 f"(first after step {first_lay}), ||Δw||/||w|| at step {K} up to {lay_w:.2g}; run-to-run: {n_run} of "
-                f"{len(reruns)} rerun(s) part (first after step {first_run}), up to {run_w:.2g}")
+                f"{len(reruns)} rerun(s) part (first after step {first_run}), up to {run_w:.2g}"
+                if finite else
+                f"layout: {sum(t is not None for t in lay_t)} of {len(layout)} layout(s) part from {layout_of(ref)} "
+                f"(first after step {first_lay}); run-to-run: {n_run} of {len(reruns)} rerun(s) part (first after "
+                f"step {first_run}); ||Δw||/||w|| at step {K} is not finite for at least one run (non-finite weights)")
         if all(t is None for t in lay_t):
             status, verdict_ = PASS, "no layout effect: every layout bitwise equal to the reference"
         elif not det:
@@ -248,8 +291,14 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
         elif n_run == 0:
             status, verdict_ = FAIL, ("the layout effect is the layout's own: every rerun is bitwise equal, the layouts "
                                       "part")
+        elif not finite:
+            status, verdict_ = MIXED, "not told apart: a weight divergence is not finite"
+        elif lay_w > run_w * band:
+            status, verdict_ = FAIL, (f"the layout effect exceeds the run-to-run effect (reruns part too, less far: "
+                                      f"beyond the sketches' estimation band, x{band:.2f})")
         elif lay_w > run_w:
-            status, verdict_ = FAIL, "the layout effect exceeds the run-to-run effect (reruns part too, less far)"
+            status, verdict_ = MIXED, (f"not told apart: the layout's estimate is larger, but within the sketches' "
+                                       f"estimation band (x{band:.2f}) of the run-to-run one")
         else:
             status, verdict_ = MIXED, "the run-to-run effect is as large as the layout effect or larger"
         out.append(Finding(EXPERIMENT, RUN_TO_RUN, subj, status, f"{head}: {verdict_} — {said}",
@@ -270,37 +319,58 @@ def _fix(sub: list[dict]) -> list[Finding]:
         if r["setting"] != "plain":
             tried.setdefault(r["setting"], []).append(r)
     plain_det = [r for r in avail if r["setting"] == "plain" and r["deterministic"]]
-    if plain_det:  # deterministic mode alone: the plain setting's deterministic runs of the first stack
-        first = min(r["layers"] for r in plain_det)
-        tried["deterministic mode"] = [r for r in plain_det if r["layers"] == first]
+    if plain_det:  # deterministic mode alone: the plain setting's deterministic runs, of every stack measured
+        tried["deterministic mode"] = plain_det
     plain_fail = any(f.status == FAIL for f in _layouts([r for r in avail if r["setting"] == "plain"]))
     if not tried or not plain_fail:
         return []
-    holds, costs, said = [], {}, []
+    holds, costs, said, compared = [], {}, [], {}
     for name, rs in tried.items():
-        ref = reference_of(rs[0], rs)
-        others = [r for r in rs if r is not ref and r["run"] == 0]
-        if ref is None or not others:
-            continue
         timed = next((r for r in rs if r.get("cost")), None)
         c = cost(timed["cost"], timed.get("floor"), timed) if timed else None
-        ts = [first_difference(r, ref) for r in others]
-        if all(t is None for t in ts):
+        parted, runs = [], []
+        for layers in sorted({r["layers"] for r in rs}):  # every stack: a setting holds only if it holds on each
+            st = [r for r in rs if r["layers"] == layers]
+            ref = reference_of(st[0], st)
+            others = [r for r in st if r is not ref and r["run"] == 0]
+            if ref is None or not others:
+                continue
+            runs += [ref] + others
+            ts = [first_difference(r, ref) for r in others]
+            if any(t is not None for t in ts):
+                parted.append(f"{layers} layer(s) part after step {min(t for t in ts if t is not None)}")
+        if not runs:
+            continue
+        if not parted:
             holds.append(name)
             costs[name] = c
+            compared[name] = runs
         else:
-            said.append(f"{name}: parts after step {min(t for t in ts if t is not None)}"
-                        + (f" (cost per step {c.text()})" if c is not None else ""))
+            said.append(f"{name}: {', '.join(parted)}" + (f" (cost per step {c.text()})" if c is not None else ""))
     r0 = avail[0]
     subj = subject_of(r0)
-    K = len(r0["loss"])
     ch = choose([(n, costs[n]) for n in holds], simplicity)
-    claim = (f"trajectories bitwise equal across layouts for {K} steps — "
+    steps = steps_text(compared[ch["name"]] if ch["name"] else [r for rs in tried.values() for r in rs])
+    claim = (f"trajectories bitwise equal across layouts for {steps} — "
              + (choice_text(ch, costs) if ch["name"] else f"no setting tried holds ({len(said)} tried)")
              + (f"; not: {'; '.join(said)}" if said else ""))
     keys = case_keys([r for n in (holds or list(tried)) for r in tried[n]])
     return [Finding(EXPERIMENT, FIX, subj, PASS if ch["name"] else FAIL, claim, Evidence(records=keys, cost=ch["cost"]),
                     remedy=ch["name"], card=True, commits=commits_of(avail))]
+
+
+def _finite(sub: list[dict]) -> list[Finding]:
+    """A run whose loss went non-finite (NaN or inf) is a finding of its own: a FAIL naming the run and the step."""
+    out = []
+    for r in (x for x in sub if x.get("available")):
+        t = non_finite(r)
+        if t is not None:
+            out.append(Finding(EXPERIMENT, FINITE, {**subject_of(r), "setting": r["setting"], "run": r["run"],
+                                                    "layout": layout_of(r)}, FAIL,
+                               f"{r['setting']}, {r['layers']} layer(s), {layout_of(r)} run {r['run']}: the loss is not "
+                               f"finite from step {t} of {len(r['loss'])} ({r['loss'][t - 1]!r})",
+                               Evidence(records=case_keys([r])), card=True, commits=commits_of([r])))
+    return out
 
 
 def _spec_or_ep(r: dict) -> str:
@@ -317,6 +387,7 @@ def findings(records: list[dict]) -> list[Finding]:
         out += guarded(EXPERIMENT, QUESTION, sub, lambda sub=sub: _layouts(sub))
         out += guarded(EXPERIMENT, RUN_TO_RUN, sub, lambda sub=sub: _against_reruns(sub))
         out += guarded(EXPERIMENT, FIX, sub, lambda sub=sub: _fix(sub))
+        out += guarded(EXPERIMENT, FINITE, sub, lambda sub=sub: _finite(sub))
         for r in (x for x in sub if x.get("available") is False):
             out.append(Finding(EXPERIMENT, "setting", {**subject_of(r), "setting": r.get("setting")}, NA,
                                f"{r.get('setting')}, {_spec_or_ep(r)}: not run here ({r.get('reason')})",
