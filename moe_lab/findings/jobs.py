@@ -25,10 +25,15 @@ JOB_LINES = {
 }
 
 
-def job_lines(setting: str) -> list[str]:
-    """'router fp32 + deterministic' / 'ordered_combine+no_splitk' → the lines a training job needs."""
+def job_lines(setting: str, router_dtype: str | None = None) -> list[str]:
+    """'router fp32 + deterministic' / 'ordered_combine+no_splitk' / 'batch_invariant_mode, router fp64' → the lines a
+    training job needs. `router_dtype`: the router dtype the setting's records ran with — its line comes first where
+    the setting's name does not say it (a remedy measured with moe_router_dtype=fp32 needs it in the job too)."""
+    parts = [p.strip() for p in setting.replace("+", ",").split(",") if p.strip()]
+    if router_dtype in ("fp32", "fp64") and f"router {router_dtype}" not in parts:
+        parts.insert(0, f"router {router_dtype}")
     out = []
-    for part in [p.strip() for p in setting.replace("+", " + ").split(" + ") if p.strip()]:
+    for part in parts:
         if part == "router none":
             continue
         out += JOB_LINES.get(part, [f"# {part}"])

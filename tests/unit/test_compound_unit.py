@@ -68,3 +68,16 @@ def test_one_rank_never_says_the_gradients_agree_across_ranks():
     claim = lambda r: next(f for f in f05.findings([r]) if f.question == f05.QUESTION).claim  # noqa: E731
     assert "across ranks, reruns and truncation" in claim(four)
     assert "across ranks: not applicable, one rank" in claim(one) and "across ranks, reruns" not in claim(one)
+
+
+def test_job_lines_carry_the_router_dtype_the_setting_ran_with():
+    """A setting measured with moe_router_dtype=fp32 (ordered_combine+no_splitk, batch invariant mode) puts the router
+    line in the job too; a setting whose name says it is not doubled; 'router none' adds nothing (the control)."""
+    from moe_lab.findings.jobs import job_lines
+
+    lines = job_lines("ordered_combine+no_splitk", "fp32")
+    assert lines[0].startswith('TransformerConfig(moe_router_dtype="fp32")') and len(lines) == 4
+    assert job_lines("router fp32 + fp32 grad reduce", "fp32").count(lines[0]) == 1
+    bim = job_lines("batch_invariant_mode, router fp64", "fp64")
+    assert sum('moe_router_dtype="fp64"' in x for x in bim) == 1 and not any(x.startswith("# batch") for x in bim)
+    assert not any("moe_router_dtype" in x for x in job_lines("deterministic", "none"))

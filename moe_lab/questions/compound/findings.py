@@ -133,7 +133,8 @@ def _backward(sub: list[dict]) -> list[Finding]:
         out.append(Finding(EXPERIMENT, FIX, subj, PASS if ch["name"] else FAIL,
                            f"{d}: forward and every gradient bitwise equal in every trial — " + choice_text(ch, costs),
                            Evidence(records=case_keys(good or [plain]), cost=ch["cost"]), remedy=ch["name"],
-                           lines=job_lines(ch["name"]) if ch["name"] else [], card=True, commits=commits))
+                           lines=job_lines(ch["name"], next(r for r in good if r["setting"] == ch["name"])
+                                           .get("router_dtype")) if ch["name"] else [], card=True, commits=commits))
     return out
 
 

@@ -182,7 +182,7 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
     out.append(Finding(EXPERIMENT, FIX, subj, PASS, f"{plain['dispatcher']}, {label}: " + choice_text(ch, costs),
                        Evidence(records=case_keys([plain, best]), trials=trials(best["truncation"]), cost=ch["cost"],
                                 notes=notes),
-                       remedy=ch["name"], lines=job_lines(best["remedy"]) + (
+                       remedy=ch["name"], lines=job_lines(best["remedy"], best.get("router_dtype")) + (
                            ["export CUBLAS_WORKSPACE_CONFIG=" + ws(best)] if ws(best) != "unset" else []),
                        card=real, commits=commits))
     return out
