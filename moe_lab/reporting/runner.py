@@ -223,7 +223,7 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
                    f"{html.escape(r['headline'])}<details><summary>verdict</summary><pre>{detail}</pre></details></td>"
                    f"<td>{links}</td></tr>")
     cards = _guarded(summary.cards, [], records)
-    title = f"moe_lab report — {meta.get('profile', '')}"
+    title = summary.title(meta.get("profile", ""), records)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{summary.CSS}</style></head><body><h1>{html.escape(title)}</h1>
 <p>Numerical divergence of megatron-core MoE layers under expert parallelism, reproduced and localised on this

@@ -95,3 +95,16 @@ def test_results_load_reads_the_published_compressed_records(tmp_path):
     with pytest.raises(results.ResultsFileError, match="not lzma-compressed JSON"):
         results.load(tmp_path / "results.json")
     assert results.load(tmp_path / "nowhere" / "results.json") == []
+
+
+def test_a_report_title_names_its_day_and_machine():
+    """The index's title says the profile, the day its records were measured and the machine (GPU, else CPU model);
+    with no records it says so rather than inventing a day."""
+    from moe_lab.reporting.summary import title
+
+    gpu = [{"time": "2026-12-02T10:00:00+00:00", "gpu": "NVIDIA H200"}, {"time": "2026-12-02T11:00:00+00:00"}]
+    assert title("gpu", gpu) == "moe_lab report — gpu · 2026-12-02 · NVIDIA H200"
+    cpu = [{"time": "2026-12-03T23:59:00+00:00", "cpu": {"model": "AMD EPYC"}},
+           {"time": "2026-12-04T00:01:00+00:00", "cpu": {"model": "AMD EPYC"}}]
+    assert title("cpu", cpu) == "moe_lab report — cpu · 2026-12-03 … 2026-12-04 · AMD EPYC"
+    assert title("cpu", []) == "moe_lab report — cpu · not measured yet"
