@@ -109,3 +109,15 @@ def test_a_question_is_a_frozen_value():
     q = questions.QUESTIONS[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         q.number = "99"
+
+
+@pytest.mark.parametrize("q", questions.QUESTIONS, ids=lambda q: q.number)
+def test_a_notebooks_parameters_cell_says_how_to_choose_the_device_and_a_model(q):
+    """Opened in JupyterLab on a GPU node, the parameters cell tells the reader how to run the gpu profile and how to
+    aim it at their model (it says 'cpu' by default; `moe-lab run` chooses by itself)."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "notebooks" / f"{q.notebook}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert '"gpu"' in cell.source and '"model"' in cell.source and "preflight" in cell.source, q.number
+    compile(cell.source, q.notebook, "exec")  # still runs as it is
