@@ -127,9 +127,9 @@ def layout_here(layout: Layout | dict | None = None) -> Layout:
     return layout.on(tdist.get_world_size())
 
 
-def parallel_state_for(layout: Layout) -> Layout:
-    """megatron's parallel_state for `layout` on this world (re-initialised only when it changes); the layout,
-    resolved."""
+def parallel_state_for(layout: Layout | dict | None) -> Layout:
+    """megatron's parallel_state for `layout` (as `layout_here` takes it) on this world (re-initialised only when it
+    changes); the layout, resolved."""
     lay = layout_here(layout)
     init_parallel_state(tp=lay.tp, ep=lay.ep, etp=lay.expert_tp)
     return lay
@@ -159,7 +159,7 @@ def fresh_layers(cfg: MoEConfig, layout: Layout, n: int) -> list:
 def get_layer(cfg: MoEConfig, layout: Layout | dict | None = None):
     """The MoE layer for `cfg` split as `layout` (None: `WORLD`) on this rank, built once per layer-defining config
     and layout (a warm cluster reuses it)."""
-    lay = parallel_state_for(layout_here(layout))
+    lay = parallel_state_for(layout)
     key = tuple(getattr(cfg, k) for k in _LAYER_KEYS) + (lay,)
     layers = STATE.setdefault("layers", {})
     if key in layers:

@@ -62,12 +62,8 @@ class Cost:
     @property
     def resolved(self) -> bool | None:
         """The interval lies outside the A/A noise floor's (None: no floor to judge against, or invalid)."""
-        if not self.valid or not self.floor_ci or len(self.floor_ci) != 2:
-            return None
-        lo, hi = self.floor_ci
-        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi)):
-            return None
-        return self.ci[0] > hi or self.ci[1] < lo
+        rel = self.against_floor
+        return None if rel is None else rel in (stats.ABOVE, stats.BELOW)
 
     @property
     def against_floor(self) -> str | None:
