@@ -196,6 +196,19 @@ def env_clause(rec: dict | None, plain: dict | None) -> str:
     return f" (its engines ran with {said}, the plain cell's with {base}: the cost includes that)"
 
 
+def fix_words(name: str | None, tried: int) -> str:
+    """A fix's answer in a few words: 'fix found: router fp32' / 'no fix found (3 tried)'."""
+    return f"fix found: {name}" if name else f"no fix found ({tried} tried)"
+
+
+def trial_words(t: tuple[int, int] | None) -> str:
+    """', 3/3 trials': the trials in which the difference showed (k of N), or, where it showed in none, the trials it
+    held in ('in all 3 trials'); '' where trials were not counted."""
+    if not t:
+        return ""
+    return f", in {t[0]}/{t[1]} trials" if t[0] else f", in all {t[1]} trials"
+
+
 def guarded(experiment: str, question: str, recs: list, build: Callable[[], list[Finding]]) -> list[Finding]:
     """build(); a record it cannot read becomes one NOT MEASURED finding naming the field (an older layout)."""
     try:
@@ -207,7 +220,7 @@ def guarded(experiment: str, question: str, recs: list, build: Callable[[], list
         return [Finding(experiment, question, subject_of(r0), NOT_MEASURED,
                         f"{len(recs)} record(s) could not be read ({what}; an older or partial record layout) — "
                         "nothing is claimed from them", Evidence(records=case_keys(recs)), card=True,
-                        commits=commits_of(recs))]
+                        commits=commits_of(recs), short="records not readable")]
 
 
 def groups(recs: list[dict], *fields, axes: tuple[str, ...] = ()) -> dict[tuple, list[dict]]:

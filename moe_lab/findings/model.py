@@ -128,6 +128,9 @@ class Finding:
     card: bool = False
     """shown on the index card of its subject."""
     commits: list[str] = field(default_factory=list)
+    short: str = ""
+    """The answer in a few words (the answer table's cell: 'yes — EP order, 3/3 trials', 'fix found: router fp32'),
+    built from the same fields as the claim; '' where the finding is not a card's."""
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -77,25 +77,84 @@ def card_dict(c: dict) -> dict:
     return {**{k: v for k, v in c.items() if k != "findings"}, "findings": [f.to_dict() for f in c["findings"]]}
 
 
+MARKS = {PASS: "✓", FAIL: "✗", MIXED: "≈", NOT_MEASURED: "–", NA: "·"}
+"""A status by glyph as well as colour (read without colour, e.g. under colour-blindness or in print)."""
+UNMARKED = ("where", "fix", "cost")
+"""Columns whose cells are not tests: a location, a remedy, a ratio — shown without a status mark."""
+
+
 def _st(status: str) -> str:
     cls = {"PASS": "PASS", "FAIL": "FAIL", "MIXED": "MIXED"}.get(status, "na")
-    return f"<span class='st {cls}'>{html.escape(status)}</span>"
+    return f"<span class='st {cls}'>{MARKS.get(status, '')} {html.escape(status)}</span>"
 
 
-def render_cards(cs: list[dict]) -> str:
+def subject_title(row) -> str:
+    """'megatron-core 0.16.1 · allgather · qwen3-30b-a3b · tp 1 × ep 4': what a row is about, in its own words."""
+    return " · ".join([f"megatron-core {row.release}", row.dispatcher, row.model] + ([", ".join(row.layouts)]
+                                                                                     if row.layouts else []))
+
+
+SHOWN = 3
+"""Lines a cell shows; the rest are counted and linked to the row's evidence."""
+_ORDER = {FAIL: 0, MIXED: 1, NOT_MEASURED: 2, PASS: 3, NA: 4}
+
+
+def _cell(col: str, cells: list, anchor: str) -> str:
+    if not cells:
+        return "<td class='empty'>not measured</td>"
+    # a fix first (what to do), then what failed before what held
+    ranked = list(cells) if col in UNMARKED else sorted(cells, key=lambda c: (not (c.finding is not None and c.finding.question.startswith("fix")),
+                                          _ORDER.get(c.status, 5)))
     parts = []
-    for c in cs:
-        rows = [f"<p class='where'>{html.escape(c['placement'])}<br><small>{html.escape(c['layer'])}</small></p>"]
-        for f in c["findings"]:
-            rows.append(f"<p>{_st(f.status)} <b>{html.escape(f.question)}</b>: {html.escape(f.claim)}"
-                        + (f" <small>({html.escape('; '.join(f.evidence.notes))})</small>" if f.evidence.notes else "")
-                        + "</p>"
-                        + ("<pre>" + html.escape("\n".join(f.lines)) + "</pre>" if f.lines else ""))
-        if c.get("caveat"):
-            rows.append(f"<p class='caveat'><small>{html.escape(c['caveat'])}</small></p>")
-        parts.append(f"<div class='card'><h3>megatron-core {html.escape(c['release'])} · "
-                     f"{html.escape(c['dispatcher'])}</h3>{''.join(rows)}</div>")
-    return "<div class='cards'>" + "".join(parts) + "</div>"
+    for c in ranked[:SHOWN]:
+        mark = "" if col in UNMARKED else f"<span class='mk {c.status.replace(' ', '_')}'>{MARKS.get(c.status, '')}</span> "
+        line = f"{mark}{html.escape(c.text)}"
+        f = c.finding
+        if col == "fix" and f is not None and f.lines:
+            line += ("<details><summary>the job line(s)</summary><pre>" + html.escape("\n".join(f.lines))
+                     + "</pre></details>")
+        parts.append(f"<div>{line}</div>")
+    if len(ranked) > SHOWN:
+        parts.append(f"<div><a href='#{anchor}'>+{len(ranked) - SHOWN} more</a></div>")
+    return f"<td>{''.join(parts)}</td>"
+
+
+def answer_table(rows: list, *, shared: dict[str, str]) -> str:
+    """The answer table: one row per subject, each cell a few words with a mark where it is a test; the subject
+    links to its evidence below. `shared`: what every row has in common (e.g. the placement), said once above."""
+    from .answers import COLUMNS, HEADERS
+
+    cols = [c for c in COLUMNS if any(r.cells.get(c) for r in rows)]
+    head = "<tr><th>subject</th>" + "".join(f"<th>{html.escape(HEADERS[c])}</th>" for c in cols) + "</tr>"
+    trs = []
+    for i, r in enumerate(rows):
+        own = [r.model] + ([f"megatron-core {r.release}"] if "release" not in shared else []) + \
+              ([r.dispatcher] if "dispatcher" not in shared else []) + ([r.placement] if "placement" not in shared
+                                                                        else [])
+        subj = (f"<td class='subj'><b>{html.escape(own[0])}</b>" + "".join(f"<br>{html.escape(x)}" for x in own[1:])
+                + (f"<br><small>{html.escape(', '.join(r.layouts))}</small>" if r.layouts else "")
+                + f"<br><a href='#ev-{i}'>evidence</a></td>")
+        trs.append("<tr>" + subj + "".join(_cell(c, r.cells.get(c, []), f"ev-{i}") for c in cols) + "</tr>")
+    said = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in shared.items())
+    return (f"<ul class='shared'>{said}</ul>" if said else "") + f"<table class='answers'>{head}{''.join(trs)}</table>"
+
+
+def evidence(rows: list) -> str:
+    """Per row, collapsed: every card finding of its subject in full (status, question, claim, notes, job lines)
+    and the caveat its findings carry."""
+    out = []
+    for i, r in enumerate(rows):
+        items = []
+        for f in r.findings:
+            items.append(f"<li>{_st(f.status)} <b>{html.escape(f.question)}</b>: {html.escape(f.claim)}"
+                         + (f" <small>({html.escape('; '.join(f.evidence.notes))})</small>" if f.evidence.notes else "")
+                         + ("<pre>" + html.escape("\n".join(f.lines)) + "</pre>" if f.lines else "") + "</li>")
+        cav = caveat({"findings": r.findings, "placement": r.placement})
+        out.append(f"<details id='ev-{i}'><summary>{html.escape(subject_title(r))}</summary>"
+                   f"<p class='where'>{html.escape(r.placement)}<br><small>{html.escape(r.layer)}</small></p>"
+                   f"<ul>{''.join(items)}</ul>"
+                   + (f"<p class='caveat'><small>{html.escape(cav)}</small></p>" if cav else "") + "</details>")
+    return "".join(out)
 
 
 def markdown(name: str, by_nb: dict[str, list[Finding]], *, short: bool = False) -> str:
@@ -123,4 +182,4 @@ def terminal(by_nb: dict[str, list[Finding]], names: dict[str, str]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["headline", "verdict", "cards", "card_dict", "render_cards", "markdown", "terminal", "caveat", "PASS", "FAIL"]
+__all__ = ["headline", "verdict", "cards", "card_dict", "answer_table", "evidence", "subject_title", "markdown", "terminal", "caveat", "PASS", "FAIL"]

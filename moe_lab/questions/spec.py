@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
 
 _NUMBER = re.compile(r"^\d\d$")
+ANSWER_COLUMNS = ("diverges", "where", "fix", "cost", "truncation", "gradients", "training")
+"""The answer table's columns, in order: what a user asks of every subject (`moe_lab.findings.answers`)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,12 @@ class Question:
     """The `experiment` names its records carry (each run module's NAME)."""
     findings: tuple[str, ...] = ("findings",)
     """Modules of the folder with `findings(records) -> [Finding]`; a question's findings are theirs in order."""
+    answers: dict[str, str] = field(default_factory=dict)
+    """Which column of the answer table each of its card findings fills: the finding's `question` → one of
+    `ANSWER_COLUMNS` (a card finding not named here is left out of the table, kept in the evidence)."""
+    fallback_answers: dict[str, str] = field(default_factory=dict)
+    """Findings (card or not) that fill a column only where no other question's finding fills it for the subject
+    (e.g. 03's own plain-ranks answer, where 01 did not run)."""
     figures: str | None = "figures"
     """The module of the folder with the notebook's figures (None: it draws none of its own)."""
     compare: str | None = None
@@ -53,6 +61,9 @@ class Question:
             raise ValueError(f"question {self.number}: notebook {self.notebook!r} must start with '{self.number}_'")
         if not self.text.strip().endswith("?"):
             raise ValueError(f"question {self.number}: its text must ask a question (end with '?'): {self.text!r}")
+        bad = sorted((set(self.answers.values()) | set(self.fallback_answers.values())) - set(ANSWER_COLUMNS))
+        if bad:
+            raise ValueError(f"question {self.number}: answers name column(s) {bad}; the columns are {ANSWER_COLUMNS}")
         if not self.runs or not self.experiments or not self.findings:
             raise ValueError(f"question {self.number}: runs, experiments and findings must each name at least one")
 
@@ -83,4 +94,4 @@ class Question:
         return nb == self.number if nb else record.get("experiment") in self.experiments
 
 
-__all__ = ["Question"]
+__all__ = ["Question", "ANSWER_COLUMNS"]

@@ -1,4 +1,4 @@
-"""The one-screen answer: the index's cards, each notebook's headline and the provenance header — all
+"""The one-screen answer: the index's banner and answer table, each notebook's headline and the provenance header — all
 rendered from the typed findings (moe_lab.findings), which every verdict, `moe-lab findings` and the README also
 render. No measurement here and no clause of its own: every word comes from a finding or a record field."""
 
@@ -8,6 +8,7 @@ import datetime
 import html
 
 from .. import questions
+from ..findings import answers as answer_table
 from ..findings import render
 from ..findings.common import vt
 from ..findings.model import placement_label
@@ -16,13 +17,39 @@ from ..findings.jobs import JOB_LINES, job_lines  # noqa: F401 - re-exported: th
 ISSUE = "https://github.com/NVIDIA/Megatron-LM/issues/1421"
 
 
-def cards(records: list[dict]) -> list[dict]:
-    """One card per release x dispatcher x placement x layer: the card findings of every registered experiment."""
-    return render.cards(questions.findings(records))
+def answers(records: list[dict]) -> list[answer_table.Row]:
+    """The answer table's rows: one per release x dispatcher x placement x layer, from every registered question's
+    card findings, each placed in the column its question names (`Question.answers`)."""
+    return answer_table.table(questions.findings(records), {q.number: q.answers for q in questions.QUESTIONS},
+                              {q.number: q.fallback_answers for q in questions.QUESTIONS})
 
 
-def card_json(cs: list[dict]) -> list[dict]:
-    return [render.card_dict(c) for c in cs]
+def shared(rows: list[answer_table.Row]) -> dict[str, str]:
+    """What every row has in common (release, dispatcher, placement), said once above the table."""
+    out = {}
+    for k in ("release", "dispatcher", "placement"):
+        vals = {getattr(r, k) for r in rows}
+        if len(vals) == 1 and len(rows) > 1:
+            out[k] = vals.pop()
+    return out
+
+
+def answers_json(rows: list[answer_table.Row]) -> list[dict]:
+    """The rows for index.json: the subject, each cell's status and words, and the findings in full."""
+    return [{"release": r.release, "dispatcher": r.dispatcher, "placement": r.placement, "layer": r.layer,
+             "layouts": r.layouts, "diverges": r.diverges, "fix": r.fix,
+             "cells": {k: [{"status": c.status, "text": c.text} for c in v] for k, v in r.cells.items()},
+             "findings": [f.to_dict() for f in r.findings]} for r in rows]
+
+
+def render_answers(rows: list[answer_table.Row]) -> str:
+    """Banner (counts), the answer table and, below it, the evidence of each row (collapsed)."""
+    if not rows:
+        return "<p class='banner'>no records yet: nothing is answered</p>"
+    counts = answer_table.banner(rows)
+    b = "".join(f"<span class='b {k.replace(' ', '_')}'>{v} {html.escape(k)}</span>" for k, v in counts.items()
+                if v or k == "subjects")
+    return f"<p class='banner'>{b}</p>" + render.answer_table(rows, shared=shared(rows))
 
 
 def headline(nb: str, records: list[dict]) -> tuple[str, str]:
@@ -102,7 +129,13 @@ def generated_after(records: list[dict]) -> str:
     return now if not ts or ts[-1] <= now else f"{now} (a record is stamped later: {ts[-1]} — clocks differ)"
 
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:84em;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;margin:1.2em 2em;max-width:110em;color:#222}h1{font-size:1.4em;margin:.2em 0}
+.banner{margin:.4em 0}.banner .b{display:inline-block;margin-right:.6em;padding:.15em .6em;border-radius:4px;background:#eee}
+.banner .diverge{background:#fde2e2}.banner .agree{background:#d9f2dd}.banner .mixed{background:#fff1c2}
+.banner .no_fix_found{background:#fde2e2;font-weight:600}.banner .fix_found{background:#dbe9f7}
+table.answers{font-size:.86em}table.answers td div+div{margin-top:.25em}td.subj{min-width:11em}td.empty{color:#888}
+.mk{font-weight:700}.mk.FAIL{color:#a4161a}.mk.PASS{color:#176b1b}.mk.MIXED{color:#7a5a00}
+ul.shared{margin:.2em 0 .5em;padding-left:1.2em;color:#444;font-size:.9em}details>summary{cursor:pointer}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.35em .6em;vertical-align:top;text-align:left}
 .cards{display:flex;flex-wrap:wrap;gap:1em;margin:1em 0 2em}.card{border:1px solid #bbb;border-radius:8px;padding:.8em 1em;
 width:25em;background:#fcfcfc}.card h3{margin:.1em 0 .5em;font-size:1.05em}.st{font-weight:700;padding:0 .4em;border-radius:4px}
@@ -117,9 +150,6 @@ def status_badge(status: str) -> str:
     return f"<span class='st {cls}'>{html.escape(status)}</span>"
 
 
-render_cards = render.render_cards
-
-
 def render_provenance(p: dict) -> str:
     if not p:
         return ""
@@ -127,5 +157,6 @@ def render_provenance(p: dict) -> str:
                                             for k, v in p.items() if v not in (None, "", "None")) + "</table>"
 
 
-__all__ = ["cards", "card_json", "headline", "provenance", "generated_after", "render_cards", "render_provenance",
+__all__ = ["answers", "answers_json", "render_answers", "shared", "headline", "provenance", "generated_after",
+           "render_provenance",
            "job_lines", "ISSUE"]

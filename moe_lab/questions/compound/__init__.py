@@ -12,6 +12,7 @@ QUESTION = Question(
     runs=("experiment",),
     experiments=("compound",),
     findings=("findings",),
+    answers={"gradients agree": "gradients", "fix: gradients": "gradients"},
     figures="figures",
     params=CompoundParams,
 )

@@ -8,7 +8,7 @@ the whole sequence's, whose rest is zero by construction. Weight gradients count
 from __future__ import annotations
 
 from ...findings.labels import FWD_CMPS, GRAD_CMPS
-from ...findings.common import choice_text, choose, cost, count, groups, guarded, trials
+from ...findings.common import choice_text, choose, cost, count, fix_words, groups, guarded, trials
 from ...findings.model import FAIL, NA, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 
 EXPERIMENT = "compound"
@@ -97,7 +97,7 @@ def _backward(sub: list[dict]) -> list[Finding]:
     if plain is None:
         out.append(Finding(EXPERIMENT, QUESTION, subj, NOT_MEASURED, f"{d}: the plain backward was not measured — "
                            "nothing is said about the gradients", Evidence(records=case_keys(sub)), card=True,
-                           commits=commits))
+                           commits=commits, short="plain backward not measured"))
     else:
         g, f = fails(plain, GRAD_CMPS), fails(plain, FWD_CMPS)
         led = sorted({c["op"] + " in " + c["dtype"] for c in plain.get("backward_ledger", [])
@@ -110,7 +110,9 @@ def _backward(sub: list[dict]) -> list[Finding]:
                 ([f"the backward's reductions: {', '.join(led)}"] if led else [])
         ev = Evidence(records=case_keys([plain]), notes=notes,
                       counts=[count(plain[k], _what(k), carrying(plain, k)) for k in GRAD_CMPS if not _ok(plain[k])])
-        out.append(Finding(EXPERIMENT, QUESTION, subj, PASS if not g else FAIL, claim, ev, card=True, commits=commits))
+        bad = [k.replace("_", " ") for k in GRAD_CMPS if not _ok(plain[k])]
+        out.append(Finding(EXPERIMENT, QUESTION, subj, PASS if not g else FAIL, claim, ev, card=True, commits=commits,
+                           short=f"equal {_scope(plain)}" if not g else "differ: " + ", ".join(bad)))
     for r in avail:
         if r is plain:
             continue
@@ -134,7 +136,8 @@ def _backward(sub: list[dict]) -> list[Finding]:
                            f"{d}: forward and every gradient bitwise equal in every trial — " + choice_text(ch, costs),
                            Evidence(records=case_keys(good or [plain]), cost=ch["cost"]), remedy=ch["name"],
                            lines=job_lines(ch["name"], next(r for r in good if r["setting"] == ch["name"])
-                                           .get("router_dtype")) if ch["name"] else [], card=True, commits=commits))
+                                           .get("router_dtype")) if ch["name"] else [], card=True, commits=commits,
+                           short=fix_words(ch["name"], len(avail) - 1)))
     return out
 
 

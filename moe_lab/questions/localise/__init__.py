@@ -11,6 +11,7 @@ QUESTION = Question(
     runs=("experiment",),
     experiments=("localise",),
     findings=("findings",),
+    answers={"first divergent stage": "where"},
     figures="figures",
     compare="compare",
 )

@@ -28,6 +28,12 @@ def collective_of(case: dict) -> str | None:
     return None
 
 
+def stage_words(where: str, collective: str | None, inside: bool, trials_: tuple[int, int] | None) -> str:
+    """'combine.comm (reduce_scatter_tensor in bfloat16), 3/3 trials' — a location, in a few words."""
+    return (where + (f" ({collective})" if collective else "") + (", within one rank" if inside else "")
+            + (f", in {trials_[0]}/{trials_[1]} trials" if trials_ else ""))
+
+
 def _case(records: list[dict], c: dict) -> Finding:
     v = c["variant"]
     subj = subject_of(c, variant=v)
@@ -39,11 +45,12 @@ def _case(records: list[dict], c: dict) -> Finding:
     if not c.get("cross_rank_applicable", True):
         return Finding(EXPERIMENT, "first divergent stage", subj, NA,
                        f"{c['dispatcher']}, {v}: one rank — no stage compared across ranks or copies", ev,
-                       card=v == PLAIN, commits=commits_of([c]))
+                       card=v == PLAIN, commits=commits_of([c]), short="one rank: nothing compared")
     if where is None:
         return Finding(EXPERIMENT, "first divergent stage", subj, PASS,
                        f"{c['dispatcher']}, {v}: every stage agrees across ranks and across copies within a rank, in "
-                       f"all {n} trial(s)", ev, card=v == PLAIN, commits=commits_of([c]))
+                       f"all {n} trial(s)", ev, card=v == PLAIN, commits=commits_of([c]),
+                       short=f"no stage differs, in all {n} trials")
     row = _first_row(records, c)
     k = row.get("n_differ") if row else None
     ev.trials = (int(k), int(row.get("trials") or n)) if row and k is not None else None
@@ -58,7 +65,8 @@ def _case(records: list[dict], c: dict) -> Finding:
                 if c.get("out_mismatch_frac") is not None else ""))
     # as notebook 01 says it: a divergence in some trials only is MIXED, in every trial FAIL
     status = MIXED if ev.trials is not None and 0 < ev.trials[0] < ev.trials[1] else FAIL
-    f = Finding(EXPERIMENT, "first divergent stage", subj, status, claim, ev, card=v == PLAIN, commits=commits_of([c]))
+    f = Finding(EXPERIMENT, "first divergent stage", subj, status, claim, ev, card=v == PLAIN, commits=commits_of([c]),
+                short=stage_words(where, coll, inside, ev.trials))
     f.subject["first_stage"], f.subject["collective"] = where, coll
     return f
 

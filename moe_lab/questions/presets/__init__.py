@@ -14,6 +14,7 @@ QUESTION = Question(
     runs=("experiment",),
     experiments=("presets",),
     findings=("findings",),
+    answers={"ranks agree": "diverges", "first divergent stage": "where", "fix: ranks diverge": "fix"},
     figures="figures",
     params=PresetParams,
 )

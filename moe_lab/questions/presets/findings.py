@@ -11,7 +11,7 @@ import dataclasses
 from ..promotion import findings as promotion
 from ..reproduce import findings as reproduce
 from ...findings.common import groups, guarded
-from ..localise.findings import collective_of
+from ..localise.findings import collective_of, stage_words
 from ...findings.model import FAIL, NA, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 
 EXPERIMENT = "presets"
@@ -31,16 +31,18 @@ def _stage(plain: dict) -> Finding:
     who = f"{plain['dispatcher']}, plain bf16"
     if not plain["cross_rank"].get("applicable", True):
         return Finding(EXPERIMENT, STAGE, subj, NA, f"{who}: one rank — no stage compared", ev, card=True,
-                       commits=commits_of([plain]))
+                       commits=commits_of([plain]), short="one rank: nothing compared")
     where = plain.get("first_divergent_stage")
     if where is None:
         return Finding(EXPERIMENT, STAGE, subj, PASS, f"{who}: every captured stage agrees across ranks in the "
-                       "captured forward", ev, card=True, commits=commits_of([plain]))
+                       "captured forward", ev, card=True, commits=commits_of([plain]),
+                       short="no captured stage differs")
     inside = plain.get("first_divergent_kind") in ("copies", "copies/expert")
     coll = collective_of({**plain, "probs_gather_dtype": plain.get("probs_dtype")})
     f = Finding(EXPERIMENT, STAGE, subj, FAIL, f"{who}: first divergent stage {where}"
                 + (" — identical copies of a token differ within one rank there" if inside else "")
-                + (f"; it is the collective {coll}" if coll else ""), ev, card=True, commits=commits_of([plain]))
+                + (f"; it is the collective {coll}" if coll else ""), ev, card=True, commits=commits_of([plain]),
+                short=stage_words(where, coll, inside, None))
     f.subject["first_stage"], f.subject["collective"] = where, coll
     return f
 
@@ -58,10 +60,10 @@ def _answers(cells: list[dict]) -> list[Finding]:
         return [Finding(EXPERIMENT, promotion.QUESTION, subject_of(cells[0]), NOT_MEASURED,
                         f"{cells[0]['dispatcher']}: the plain bf16 cell was not measured, so nothing is said about "
                         "whether the ranks agree or what fixes them", Evidence(records=case_keys(cells)), card=True,
-                        commits=commits_of(cells))]
+                        commits=commits_of(cells), short="plain cell not measured")]
     out = _ours(reproduce.findings([dict(plain, kind="case")]))
     out.append(_stage(plain))
-    out += _ours(promotion.findings(cells))
+    out += _ours([f for f in promotion.findings(cells) if f.question != promotion.PLAIN_RANKS])
     return out
 
 

@@ -12,6 +12,8 @@ QUESTION = Question(
     runs=("experiment",),
     experiments=("promotion",),
     findings=("findings",),
+    answers={"fix: ranks diverge": "fix"},
+    fallback_answers={"plain ranks agree": "diverges"},
     figures="figures",
     params=PromotionParams,
 )

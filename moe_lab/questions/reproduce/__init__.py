@@ -14,6 +14,7 @@ QUESTION = Question(
     runs=("experiment", "layouts"),
     experiments=("reproduce", "layouts"),
     findings=("findings", "layouts_findings"),
+    answers={"ranks agree": "diverges", "layout changes the bits": "diverges"},
     figures="figures",
     compare="compare",
     params=LayoutParams,

@@ -4,7 +4,7 @@ EP order or run-to-run nondeterminism (labels.attribution: ranks differ in every
 from __future__ import annotations
 
 from ...findings.labels import EP_DOMINANCE, attribution
-from ...findings.common import count, describe, groups, guarded, trials
+from ...findings.common import count, describe, groups, guarded, trial_words, trials
 from ...findings.model import FAIL, MIXED, NA, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 
 EXPERIMENT = "reproduce"
@@ -38,8 +38,10 @@ def _one(r: dict) -> Finding:
         claim += f"ranks: {describe(c, 'output elements (worst trial, worst rank pair)')}; a rerun on one rank: " \
                  f"{describe(rr, 'output elements')} — {_WHY[kind]}"
         ev.counts.append(count(c, "output elements (worst trial, worst rank pair)"))
+    short = {"equal": "no: ranks bitwise equal", "n/a": "one rank: nothing compared"}.get(
+        kind, f"yes: {KIND_WORDS[kind]}") + trial_words(ev.trials)
     f = Finding(EXPERIMENT, QUESTION, subj, _KIND[kind], claim, ev, card=r["router_dtype"] == "none",
-                commits=commits_of([r]))
+                commits=commits_of([r]), short=short)
     f.subject["attribution"] = kind
     return f
 

@@ -82,7 +82,7 @@ def _summary(sub: list[dict], per: list[Finding]) -> list[Finding]:
                         f"{_who(r0)}: no layout other than the reference "
                         f"{r0['reference_layout']} "
                         "was measured — nothing is claimed about layouts", Evidence(records=case_keys(sub)),
-                        card=r0["router_dtype"] == "none", commits=commits_of(sub))]
+                        card=r0["router_dtype"] == "none", commits=commits_of(sub), short="no other layout measured")]
     differ = [f for f in others if f.status != PASS]
     status = PASS if not differ else FAIL if all(f.status == FAIL for f in differ) else MIXED
     names = ", ".join(f.subject["layout"] for f in differ)
@@ -99,8 +99,11 @@ def _summary(sub: list[dict], per: list[Finding]) -> list[Finding]:
     note = grad_mode_note(sub)
     if note:
         ev.notes.append(note)
+    short = (f"layouts: {len(others)} equal to {r0['reference_layout']}" if not differ else
+             f"layouts: {len(differ)} of {len(others)} differ from {r0['reference_layout']}"
+             + (f" ({len(untold)} not told apart from run-to-run)" if untold else ""))
     return [Finding(EXPERIMENT, QUESTION, subj, status, claim, ev, card=r0["router_dtype"] == "none",
-                    commits=commits_of(sub))]
+                    commits=commits_of(sub), short=short)]
 
 
 def grad_mode_note(sub: list[dict]) -> str | None:

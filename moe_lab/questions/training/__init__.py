@@ -14,6 +14,7 @@ QUESTION = Question(
     runs=("experiment",),
     experiments=("training",),
     findings=("findings",),
+    answers={"layouts agree": "training", "layout vs run-to-run": "training", "fix: layouts": "training", "loss finite": "training"},
     figures="figures",
     compare="compare",
     params=TrainParams,

@@ -18,7 +18,7 @@ import statistics
 import zlib
 
 from ...layout import Layout
-from ...findings.common import choice_text, choose, cost, groups, guarded
+from ...findings.common import choice_text, choose, cost, fix_words, groups, guarded
 from ...findings.model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Count, Evidence, Finding, case_keys, commits_of
 from ...findings.model import subject_of as _subject_of
 
@@ -226,7 +226,8 @@ def _layouts(sub: list[dict]) -> list[Finding]:
         if ref is None or not others:
             why = "the reference layout's run 0 was not measured" if ref is None else "only one layout measured"
             out.append(Finding(EXPERIMENT, QUESTION, subj, NOT_MEASURED, f"{head}: {why} — nothing compared",
-                               Evidence(records=case_keys(rs)), card=setting == "plain", commits=commits_of(rs)))
+                               Evidence(records=case_keys(rs)), card=setting == "plain", commits=commits_of(rs),
+                               short=f"{head}: {why}"))
             continue
         parts = [_part(r, ref) for r in sorted(others, key=_order)]
         equal = all(first_difference(r, ref) is None for r in others)
@@ -236,10 +237,13 @@ def _layouts(sub: list[dict]) -> list[Finding]:
         margins = [m for f in fl for m in f["margins"]]
         notes = ([f"flipped tokens' top-k margin: median {statistics.median(margins):.3g}, max {max(margins):.3g} "
                   "(router logits)"] if margins else [])
+        parted = [t for t in (first_difference(r, ref) for r in others) if t is not None]
+        short = (f"{head}: {len(others)} layout(s) equal to {layout_of(ref)}, {len(ref['loss'])} steps" if equal else
+                 f"{head}: {len(parted)} of {len(others)} layout(s) part, first after step {min(parted)}")
         out.append(Finding(EXPERIMENT, QUESTION, subj, PASS if equal else FAIL,
                            f"{head}, against {layout_of(ref)}: " + "; ".join(parts),
                            Evidence(records=case_keys([ref] + others), counts=counts, notes=notes),
-                           card=setting == "plain", commits=commits_of(rs)))
+                           card=setting == "plain", commits=commits_of(rs), short=short))
     return out
 
 
@@ -285,24 +289,32 @@ def _against_reruns(sub: list[dict]) -> list[Finding]:
                 f"step {first_run}); ||Δw||/||w|| at step {K} is not finite for at least one run (non-finite weights)")
         if all(t is None for t in lay_t):
             status, verdict_ = PASS, "no layout effect: every layout bitwise equal to the reference"
+            short = "no layout effect"
         elif not det:
             status, verdict_ = MIXED, ("not told apart: without deterministic mode a rerun may part on its own, so a "
                                        "layout difference can be run-to-run; see the deterministic runs")
+            short = "layout not told apart from run-to-run"
         elif n_run == 0:
             status, verdict_ = FAIL, ("the layout effect is the layout's own: every rerun is bitwise equal, the layouts "
                                       "part")
+            short = "the layout's own effect (reruns equal)"
         elif not finite:
             status, verdict_ = MIXED, "not told apart: a weight divergence is not finite"
+            short = "not told apart (non-finite weights)"
         elif lay_w > run_w * band:
             status, verdict_ = FAIL, (f"the layout effect exceeds the run-to-run effect (reruns part too, less far: "
                                       f"beyond the sketches' estimation band, x{band:.2f})")
+            short = "layout effect exceeds run-to-run"
         elif lay_w > run_w:
             status, verdict_ = MIXED, (f"not told apart: the layout's estimate is larger, but within the sketches' "
                                        f"estimation band (x{band:.2f}) of the run-to-run one")
+            short = "layout not told apart from run-to-run"
         else:
             status, verdict_ = MIXED, "the run-to-run effect is as large as the layout effect or larger"
+            short = "run-to-run as large as the layout effect"
         out.append(Finding(EXPERIMENT, RUN_TO_RUN, subj, status, f"{head}: {verdict_} — {said}",
-                           Evidence(records=case_keys(rs)), card=bool(det), commits=commits_of(rs)))
+                           Evidence(records=case_keys(rs)), card=bool(det), commits=commits_of(rs),
+                           short=f"{head}: {short}"))
     return out
 
 
@@ -356,7 +368,8 @@ def _fix(sub: list[dict]) -> list[Finding]:
              + (f"; not: {'; '.join(said)}" if said else ""))
     keys = case_keys([r for n in (holds or list(tried)) for r in tried[n]])
     return [Finding(EXPERIMENT, FIX, subj, PASS if ch["name"] else FAIL, claim, Evidence(records=keys, cost=ch["cost"]),
-                    remedy=ch["name"], card=True, commits=commits_of(avail))]
+                    remedy=ch["name"], card=True, commits=commits_of(avail),
+                    short=fix_words(ch["name"], len(holds) + len(said)) + f", {steps}")]
 
 
 def _finite(sub: list[dict]) -> list[Finding]:
@@ -369,7 +382,8 @@ def _finite(sub: list[dict]) -> list[Finding]:
                                                     "layout": layout_of(r)}, FAIL,
                                f"{r['setting']}, {r['layers']} layer(s), {layout_of(r)} run {r['run']}: the loss is not "
                                f"finite from step {t} of {len(r['loss'])} ({r['loss'][t - 1]!r})",
-                               Evidence(records=case_keys([r])), card=True, commits=commits_of([r])))
+                               Evidence(records=case_keys([r])), card=True, commits=commits_of([r]),
+                               short=f"loss not finite from step {t} ({layout_of(r)} run {r['run']})"))
     return out
 
 

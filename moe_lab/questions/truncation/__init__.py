@@ -13,6 +13,7 @@ QUESTION = Question(
     runs=("experiment",),
     experiments=("truncation",),
     findings=("findings",),
+    answers={"truncation": "truncation", "fix: truncation": "truncation"},
     figures="figures",
     compare="compare",
     params=TruncationParams,

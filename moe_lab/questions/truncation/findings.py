@@ -8,7 +8,7 @@ its own release, layer, device and dispatcher (`_same`)."""
 from __future__ import annotations
 
 from ...findings.labels import rem_label
-from ...findings.common import choice_text, choose, cost, describe, groups, guarded, trials
+from ...findings.common import choice_text, choose, cost, describe, fix_words, groups, guarded, trial_words, trials
 from ...findings.model import FAIL, NOT_MEASURED, PASS, Evidence, Finding, case_keys, commits_of, subject_of
 
 EXPERIMENT = "truncation"
@@ -145,7 +145,8 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
     commits = commits_of(cases)
     if plain is None:
         return [Finding(EXPERIMENT, QUESTION, subj, NOT_MEASURED, f"{r0['dispatcher']}, {label}: the no-remedy case "
-                        "was not measured", Evidence(records=case_keys(cases)), card=real, commits=commits)]
+                        "was not measured", Evidence(records=case_keys(cases)), card=real, commits=commits,
+                        short="no-remedy case not measured")]
     t, rr = plain["truncation"], plain["rerun"]
     cut = plain.get("cut")
     ok = holds(plain)
@@ -153,7 +154,8 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
              + ("are bitwise equal under truncation and on a rerun " + describe(t).removeprefix("bitwise equal ")
                 if ok else f"{describe(t, 'first-token elements')}; a rerun: {describe(rr, 'output elements')}"))
     out = [Finding(EXPERIMENT, QUESTION, subj, PASS if ok else FAIL, claim,
-                   Evidence(records=case_keys([plain]), trials=trials(t)), card=real, commits=commits)]
+                   Evidence(records=case_keys([plain]), trials=trials(t)), card=real, commits=commits,
+                   short=f"router {r0.get('router_dtype')}: " + ("holds" if ok else "fails") + trial_words(trials(t)))]
     if ok:
         return out
     rems = [r for r in cases if r["remedy"] != "none"]
@@ -174,7 +176,8 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
     if ch["name"] is None:
         out.append(Finding(EXPERIMENT, FIX, subj, FAIL, f"{plain['dispatcher']}, {label}: no remedy tried keeps the "
                            f"first tokens and a rerun bitwise equal in every trial ({len(rems)} tried)",
-                           Evidence(records=case_keys(cases), notes=notes), card=real, commits=commits))
+                           Evidence(records=case_keys(cases), notes=notes), card=real, commits=commits,
+                           short=fix_words(None, len(rems))))
         return out
     best = next(r for r in good if rem_label(r["remedy"], r.get("tile")) == ch["name"])
     from ...findings.jobs import job_lines
@@ -184,7 +187,7 @@ def _setting(cases: list[dict], na: list[dict]) -> list[Finding]:
                                 notes=notes),
                        remedy=ch["name"], lines=job_lines(best["remedy"], best.get("router_dtype")) + (
                            ["export CUBLAS_WORKSPACE_CONFIG=" + ws(best)] if ws(best) != "unset" else []),
-                       card=real, commits=commits))
+                       card=real, commits=commits, short=fix_words(ch["name"], len(rems))))
     return out
 
 
@@ -253,7 +256,7 @@ def findings(records: list[dict]) -> list[Finding]:
             out.append(Finding(EXPERIMENT, QUESTION, subject_of(sub[0], setting="real layer"), NOT_MEASURED,
                                f"{sub[0].get('dispatcher')}: only EMULATED cases ran — the real layer's truncation test "
                                "was not measured", Evidence(records=case_keys(sub)), card=True,
-                               commits=commits_of(sub)))
+                               commits=commits_of(sub), short="only emulated cases ran"))
     out += guarded(EXPERIMENT, "why truncation fails", cases, lambda: _why(recs, cases, kern))
     return out
 
