@@ -381,14 +381,37 @@ def shared_config(config) -> ClusterConfig:
     return c.replace(env=tuple(sorted(dict(c.env).items())), extra_path=())
 
 
-def progress_bar(items: Iterable, desc: str):
-    """A tqdm bar when a person watches; none under the headless runner (it shows its own progress)."""
-    if os.environ.get("MOE_LAB_HEADLESS"):
-        return items
-    from tqdm.auto import tqdm
+HEADLESS_ENV = "MOE_LAB_HEADLESS"
+"""Set (to "1") by `moe-lab run` for the kernels it starts: nobody watches them, their notebooks become the reports."""
 
+
+def in_jupyter_kernel() -> bool:
+    """Whether this code runs in a Jupyter kernel (JupyterLab, papermill, VS Code), not in a terminal's Python or
+    IPython: tqdm.auto's test. IPython is looked up, not imported: a process that never imported it is no kernel."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and "IPKernelApp" in shell.config
+
+
+def progress_bar(items: Iterable, desc: str):
+    """The cases' progress where a person watches: a widget bar in a Jupyter kernel (JupyterLab draws it in place),
+    a text bar in a terminal. None under the headless runner: a bar there is saved into the executed notebook that
+    becomes the report — a text bar as one stream output per update (each its own line in nbconvert's HTML), a
+    widget as state a static page cannot draw — and the runner shows its own progress in the terminal.
+    Without ipywidgets (an install that skipped it) a kernel gets the text bar, not tqdm's "IProgress not found"."""
+    if os.environ.get(HEADLESS_ENV):
+        return items
+    import importlib.util
+
+    if in_jupyter_kernel() and importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.notebook import tqdm
+    else:
+        from tqdm.std import tqdm
     return tqdm(items, desc=desc)
 
 
 __all__ = ["Case", "run", "measure", "latest", "note_run", "resume_line", "check_case", "check_all", "case_key",
-           "key_fields", "environment", "release_path", "release_version", "progress_bar", "INSTALLED"]
+           "key_fields", "environment", "release_path", "release_version", "progress_bar", "in_jupyter_kernel",
+           "HEADLESS_ENV", "INSTALLED"]

@@ -272,8 +272,10 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         refuse_tracked(out_dir)
     writable_dir(out_dir, "--out")  # create it, or one line saying why not, before anything starts
     results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured
+    from ..experiments.protocol import HEADLESS_ENV
+
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    os.environ["MOE_LAB_HEADLESS"] = "1"  # kernels inherit it: no widget progress bars inside the reports
+    os.environ[HEADLESS_ENV] = "1"  # kernels inherit it: no progress bars inside the reports (protocol.progress_bar)
     os.environ["MOE_LAB_RUN_ID"] = f"{os.getpid()}-{time.time():.0f}"  # and the run id (protocol.note_run)
     rows = []
     meta = _meta(profile, config)
@@ -426,10 +428,63 @@ def _meta(profile: str, config) -> dict:
             "parameters": json.dumps(config.public())}
 
 
-def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str] | None = None) -> int:
-    """JupyterLab on notebooks/, with this Python (which has moe_lab installed) as the kernel."""
-    import subprocess
+AUTOSAVE_SETTINGS = Path("@jupyterlab", "docmanager-extension", "plugin.jupyterlab-settings")
+"""JupyterLab's Document Manager settings file, relative to a user settings dir (it holds "autosave")."""
 
+
+def lab_settings_dir() -> Path:
+    """The user settings `moe-lab lab` gives JupyterLab: in the lab's cache (per user, outside the checkout)."""
+    from ..release_dirs import cache_dir
+
+    return cache_dir() / "jupyterlab" / "user-settings"
+
+
+def _settings_json(path: Path) -> dict:
+    """A .jupyterlab-settings file as a dict: JSON with `//` comment lines (what the settings editor writes); {} for
+    a file that is absent or more than that (JSON5), whose other settings the session then goes without."""
+    try:
+        text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("//"))
+        data = json.loads(text)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def lab_environment(environ, session_dir: Path, user_dir: Path) -> tuple[dict, str]:
+    """The environment of a `moe-lab lab` session and the line that says what it did about autosave.
+
+    JupyterLab autosaves every two minutes by default, and the notebooks it opens are the tracked ones: a notebook
+    someone only ran would be written with its outputs into git. The session reads its user settings from
+    `session_dir` (JUPYTERLAB_SETTINGS_DIR): a copy of `user_dir` (the person's own settings: theme, shortcuts)
+    with autosave off, so a notebook changes on disk only when it is saved. A JUPYTERLAB_SETTINGS_DIR set in
+    `environ` is the person's choice and is left as it is. The headless runner's signal is dropped: a person watches
+    these kernels (widget progress bars)."""
+    import shutil
+
+    from ..experiments.protocol import HEADLESS_ENV
+
+    env = {k: v for k, v in environ.items() if k != HEADLESS_ENV}
+    own = environ.get("JUPYTERLAB_SETTINGS_DIR")
+    if own:
+        return env, (f"JupyterLab settings from JUPYTERLAB_SETTINGS_DIR={own}, left as they are: autosave is what "
+                     f"they say (with it on, running a notebook writes its outputs into the tracked file; "
+                     f'{{"autosave": false}} in {AUTOSAVE_SETTINGS} there turns it off)')
+    copied = user_dir.is_dir()
+    if copied:
+        shutil.copytree(user_dir, session_dir, dirs_exist_ok=True)
+    target = session_dir / AUTOSAVE_SETTINGS
+    docmanager = _settings_json(target)
+    docmanager["autosave"] = False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(docmanager, indent=2) + "\n")
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(session_dir)
+    source = f"your settings from {user_dir}" if copied else "JupyterLab's defaults"
+    return env, (f"JupyterLab with autosave off: a notebook changes on disk only when you save it (settings: "
+                 f"{session_dir}, {source} with autosave off; set JUPYTERLAB_SETTINGS_DIR to use your own as they are)")
+
+
+def lab_command(port: int | None = None, open_browser: bool = True, extra_args: list[str] | None = None) -> list[str]:
+    """JupyterLab on notebooks/, with this Python (which has moe_lab installed) as the kernel."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={NOTEBOOKS}"]
     if port:
         cmd.append(f"--port={port}")
@@ -437,5 +492,15 @@ def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str
         cmd.append("--no-browser")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI run as root; jupyter refuses it otherwise
-    cmd += list(extra_args or [])
-    return subprocess.call(cmd)
+    return cmd + list(extra_args or [])
+
+
+def lab(port: int | None = None, open_browser: bool = True, extra_args: list[str] | None = None) -> int:
+    """`moe-lab lab`: JupyterLab on notebooks/ (lab_command) with autosave off (lab_environment)."""
+    import subprocess
+
+    from jupyter_core.paths import jupyter_config_dir
+
+    env, note = lab_environment(os.environ, lab_settings_dir(), Path(jupyter_config_dir()) / "lab" / "user-settings")
+    logger.info("%s", note)
+    return subprocess.call(lab_command(port, open_browser, extra_args), env=env)

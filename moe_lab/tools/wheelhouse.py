@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # pyproject.toml [project.dependencies] without torch (the node's own), megatron-core (per release, below) and
 # jupyterlab (JUPYTERLAB: GPU nodes run headless). tests/unit/test_wheelhouse.py keeps the two in step.
+# ipywidgets stays in: it is the kernel's side of the progress widget, needed wherever the lab's Python is the kernel
+# of a JupyterLab, the node's own (a site JupyterHub) included.
 REQUIREMENTS = [
     "numpy",
     "pandas>=2.0",
@@ -54,7 +56,8 @@ REQUIREMENTS = [
     "nbconvert>=7.0",
     "nbformat>=5.9",
     "ipykernel>=6.0",
-    "tqdm>=4.60",
+    "ipywidgets>=8.0",
+    "tqdm>=4.64.1",
     "packaging>=24.2",
 ]
 JUPYTERLAB = "jupyterlab>=4.0"
