@@ -186,8 +186,21 @@ def _counts(row: dict) -> str:
     return f", {row['measured']} measured, {row['reused']} reused" if "measured" in row else ""
 
 
+def _files(out_dir: Path) -> str:
+    """Every file a reader may want, linked: the report's records, each notebook's pages and run list, text
+    findings and comparisons, and the index of each report folder inside it."""
+    names = sorted(p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*")
+                   if p.is_file() and (p.name != "index.html" or p.parent != out_dir)
+                   and not any(part.startswith(".") for part in p.relative_to(out_dir).parts))
+    if not names:
+        return "<p>(none yet)</p>"
+    return "<ul class='files'>" + "".join(f'<li><a href="{html.escape(n)}">{html.escape(n)}</a></li>'
+                                         for n in names) + "</ul>"
+
+
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
-    """index.html + index.json: the one-screen answer (cards from results.json), the provenance header, and one row
+    """index.html + index.json: the one-screen answer (banner and answer table from results.json), the evidence per
+    subject, the provenance header, every file of the folder, and one row
     per notebook with its run status apart from its finding (PASS / FAIL / n/a). Rows of notebooks not in this run
     (an earlier `--only` run into the same dir) are kept."""
     from . import summary
@@ -222,25 +235,31 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
                    f"<td>{state} ({r['seconds']:.0f} s{_counts(r)})</td><td>{summary.status_badge(r['finding'])} "
                    f"{html.escape(r['headline'])}<details><summary>verdict</summary><pre>{detail}</pre></details></td>"
                    f"<td>{links}</td></tr>")
-    cards = _guarded(summary.cards, [], records)
+    rows_ = _guarded(summary.answers, [], records)
     title = summary.title(meta.get("profile", ""), records)
+    from ..findings import render
+
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{summary.CSS}</style></head><body><h1>{html.escape(title)}</h1>
-<p>Numerical divergence of megatron-core MoE layers under expert parallelism, reproduced and localised on this
-machine (question: <a href="{summary.ISSUE}">Megatron-LM #1421</a>). Every statement below is computed from
-<a href="results.json">results.json</a>.</p>
-<h2>The answer, per release and dispatcher</h2>{summary.render_cards(cards) if cards else "<p>(no records yet)</p>"}
+<p>Does a megatron-core MoE layer give other bits across expert-parallel ranks or layouts, where, what fixes it and at
+what cost — per subject, from <a href="results.json">results.json</a> (the question:
+<a href="{summary.ISSUE}">Megatron-LM #1421</a>). A subject's evidence is a click away.</p>
+{summary.render_answers(rows_)}
+<h2>Evidence per subject</h2>{render.evidence(rows_) or "<p>(no records yet)</p>"}
 <h2>Notebooks</h2><table><tr><th>#</th><th>question</th><th>run</th><th>finding</th><th>HTML</th></tr>
 {''.join(trs)}</table>
+<h2>Files of this report</h2>{_files(out_dir)}
 <h2>Where these numbers come from</h2>{summary.render_provenance(_guarded(summary.provenance, {}, records))}
 <p><small>run started {html.escape(str(meta.get('date', '')))}; page generated
 {html.escape(summary.generated_after(records))} by moe-lab run, profile {html.escape(str(meta.get('profile')))}
-</small></p></body></html>"""
+</small></p>
+<script>function openHash(){{var d=document.getElementById(location.hash.slice(1));if(d&&d.tagName==='DETAILS')d.open=true;}}
+window.addEventListener('hashchange',openHash);openHash();</script></body></html>"""
     p = out_dir / "index.html"
     try:
         p.write_text(page)
         (out_dir / "index.json").write_text(json.dumps({"meta": meta, "notebooks": rows,
-                                                       "cards": summary.card_json(cards)}, indent=1, default=str))
+                                                       "answers": summary.answers_json(rows_)}, indent=1, default=str))
     except OSError as e:
         _raise_if_write_failed(e, out_dir)
         raise
