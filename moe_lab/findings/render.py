@@ -115,11 +115,11 @@ def _cell(col: str, cells: list, anchor: str) -> str:
                      + "</pre></details>")
         parts.append(f"<div>{line}</div>")
     if len(ranked) > SHOWN:
-        parts.append(f"<div><a href='#{anchor}'>+{len(ranked) - SHOWN} more</a></div>")
+        parts.append(f"<div><a href='{anchor}'>+{len(ranked) - SHOWN} more</a></div>")
     return f"<td>{''.join(parts)}</td>"
 
 
-def answer_table(rows: list, *, shared: dict[str, str]) -> str:
+def answer_table(rows: list, *, shared: dict[str, str], evidence_href=lambda i: f"#ev-{i}") -> str:
     """The answer table: one row per subject, each cell a few words with a mark where it is a test; the subject
     links to its evidence below. `shared`: what every row has in common (e.g. the placement), said once above."""
     from .answers import COLUMNS, HEADERS
@@ -133,8 +133,8 @@ def answer_table(rows: list, *, shared: dict[str, str]) -> str:
                                                                         else [])
         subj = (f"<td class='subj'><b>{html.escape(own[0])}</b>" + "".join(f"<br>{html.escape(x)}" for x in own[1:])
                 + (f"<br><small>{html.escape(', '.join(r.layouts))}</small>" if r.layouts else "")
-                + f"<br><a href='#ev-{i}'>evidence</a></td>")
-        trs.append("<tr>" + subj + "".join(_cell(c, r.cells.get(c, []), f"ev-{i}") for c in cols) + "</tr>")
+                + f"<br><a href='{evidence_href(i)}'>evidence</a></td>")
+        trs.append("<tr>" + subj + "".join(_cell(c, r.cells.get(c, []), evidence_href(i)) for c in cols) + "</tr>")
     said = "".join(f"<li>{html.escape(k)}: {html.escape(v)}</li>" for k, v in shared.items())
     return (f"<ul class='shared'>{said}</ul>" if said else "") + f"<table class='answers'>{head}{''.join(trs)}</table>"
 

@@ -42,20 +42,108 @@ def error_of(nb) -> str:
     return ""
 
 
+LONG_OUTPUT = 40
+"""Text outputs longer than this many lines are folded on the pages (a table, a settings dump): the figures and the
+answer stay on the first screens, the numbers a click away."""
+EVIDENCE_TAGS = ("verdict", "recommendations")
+"""Cells whose output is the findings in full: folded at the page's end under 'evidence' (the answer block on top
+says it in a few words)."""
+
+
+def answer_block(nb_path: Path) -> str | None:
+    """The page's answer, first: this question's rows of the answer table (`moe_lab.findings.answers`) from the
+    report folder's records, with its headline; None where no question is registered or no record is readable."""
+    from .. import questions, results
+    from ..findings import answers, render
+    from . import summary
+
+    q = questions.BY_NUMBER.get(nb_path.name[:2])
+    if q is None:
+        return None
+    try:
+        records = results.latest(results.load(nb_path.parent / "results.json"), nb_path.parent)
+    except results.ResultsFileError:
+        return None
+    fs = q.findings_of(questions.of_question(records, q))
+    status, text = render.headline(fs)
+    rows = answers.table({q.number: fs}, {q.number: q.answers}, {q.number: q.fallback_answers})
+    table = render.answer_table(rows, shared=summary.shared(rows), evidence_href=lambda i: "#evidence") if any(
+        r.cells for r in rows) else ""
+    return (f"<h2 id='answer'>Answer</h2>\n\n<p>{summary.status_badge(status)} {html.escape(text)}</p>\n\n"
+            f"{table}")
+
+
+def _text_of(out) -> str:
+    if out.get("output_type") == "stream":
+        return out.get("text", "")
+    return str((out.get("data") or {}).get("text/plain", ""))
+
+
+def _folded(summary_: str, out, *, anchor: str = "") -> dict:
+    """An output replaced by the same content inside a collapsed <details> (its HTML where it has one)."""
+    import nbformat
+
+    data = out.get("data") or {}
+    inner = data.get("text/html") or f"<pre>{html.escape(_text_of(out))}</pre>"
+    return nbformat.v4.new_output("display_data", data={
+        "text/html": f"<details{f' id={anchor!r}' if anchor else ''}><summary>{html.escape(summary_)}</summary>"
+                     f"{inner}</details>", "text/plain": _text_of(out)})
+
+
+def shape_page(nb, nb_path: Path) -> None:
+    """The page's order (question → answer → figures → evidence): the answer block after the question's own cell, a
+    table of contents of the sections, the settings dump and long tables folded, and the full findings folded at the
+    end under 'evidence' (their one line to copy shown once, in the answer)."""
+    import nbformat
+
+    heads = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("## "):
+            heads.append((i, cell.source.lstrip()[3:].splitlines()[0].strip()))
+            cell.source = f"<a id='sec-{i}'></a>\n\n" + cell.source.lstrip()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        tags = cell.get("metadata", {}).get("tags", [])
+        outs = cell.get("outputs", [])
+        if any(t in tags for t in EVIDENCE_TAGS):
+            cell.outputs = [_folded("Evidence: every finding in full (the answer above says it in a few words)", o,
+                                    anchor="evidence" if "verdict" in tags else "") if _text_of(o) else o
+                            for o in outs]
+            continue
+        folded = []
+        for o in outs:
+            n = _text_of(o).count("\n") + 1
+            if o.get("output_type") in ("execute_result", "stream") and n > LONG_OUTPUT:
+                what = "the run's settings" if cell.source.rstrip().endswith(".public()") else "table"
+                folded.append(_folded(f"{what} ({n} lines)", o))
+            else:
+                folded.append(o)
+        cell.outputs = folded
+    answer = answer_block(nb_path)
+    toc = " · ".join(f"[{html.escape(h)}](#sec-{i})" for i, h in heads)
+    cells = ([nbformat.v4.new_markdown_cell(answer)] if answer else []) + (
+        [nbformat.v4.new_markdown_cell("**On this page:** " + ("[answer](#answer) · " if answer else "") + toc
+                                       + " · [evidence](#evidence)")] if heads else [])
+    first_md = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), -1)
+    nb.cells[first_md + 1:first_md + 1] = cells
+
+
 def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
     """The executed notebook as HTML (full, or `exclude_input`: the shared page without code). Each page stands alone
-   : its title, links to the index, the other notebooks and the public issue; local paths scrubbed; wide tables
-    scroll instead of overflowing."""
+   : its title, links to the index, the other notebooks and the public issue; the answer first, a table of contents,
+    long outputs and the findings in full folded; local paths scrubbed; wide tables scroll instead of overflowing."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    from .summary import ISSUE
+    from .summary import ANSWER_CSS, ISSUE
 
     nb = nbformat.read(nb_path, as_version=4)
     title = title_of(nb)
     suffix = ".shared.html" if exclude_input else ".html"
     others = [p for p in sorted(nb_path.parent.glob("[0-9][0-9]_*.ipynb")) if NB_PATTERN.match(p.name)]
     nav = " · ".join(f"[{p.name[:2]}]({p.stem}{suffix})" if p != nb_path else f"**{p.name[:2]}**" for p in others)
+    shape_page(nb, nb_path)
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(
         f"[← report index](index.html) · notebooks: {nav} · [Megatron-LM #1421]({ISSUE})"
         + (" · [this page with code](" + nb_path.stem + ".html)" if exclude_input else "")))
@@ -63,8 +151,8 @@ def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
                             exclude_output_prompt=exclude_input)
     body, _ = exporter.from_notebook_node(nb)
     body = re.sub(r"<title>.*?</title>", f"<title>{html.escape(title)}</title>", body, count=1, flags=re.S)
-    body = body.replace("</head>", "<style>.jp-OutputArea-output{overflow-x:auto}"
-                                   "table.dataframe{font-size:11px}</style></head>", 1)
+    body = body.replace("</head>", "<style>.jp-OutputArea-output{overflow-x:auto}table.dataframe{font-size:11px}"
+                                   f"{ANSWER_CSS}</style></head>", 1)
     out = nb_path.with_name(nb_path.stem + suffix)
     out.write_text(scrub_paths(body, nb_path.parent))
     return out

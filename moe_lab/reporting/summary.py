@@ -129,20 +129,22 @@ def generated_after(records: list[dict]) -> str:
     return now if not ts or ts[-1] <= now else f"{now} (a record is stamped later: {ts[-1]} — clocks differ)"
 
 
-CSS = """body{font-family:system-ui,sans-serif;margin:1.2em 2em;max-width:110em;color:#222}h1{font-size:1.4em;margin:.2em 0}
-.banner{margin:.4em 0}.banner .b{display:inline-block;margin-right:.6em;padding:.15em .6em;border-radius:4px;background:#eee}
-.banner .diverge{background:#fde2e2}.banner .agree{background:#d9f2dd}.banner .mixed{background:#fff1c2}
+ANSWER_CSS = """.banner{margin:.4em 0}.banner .b{display:inline-block;margin-right:.6em;padding:.15em .6em;border-radius:4px;
+background:#eee}.banner .diverge{background:#fde2e2}.banner .agree{background:#d9f2dd}.banner .mixed{background:#fff1c2}
 .banner .no_fix_found{background:#fde2e2;font-weight:600}.banner .fix_found{background:#dbe9f7}
-table.answers{font-size:.86em}table.answers td div+div{margin-top:.25em}td.subj{min-width:11em}td.empty{color:#888}
-.mk{font-weight:700}.mk.FAIL{color:#a4161a}.mk.PASS{color:#176b1b}.mk.MIXED{color:#7a5a00}
+table.answers{border-collapse:collapse;font-size:.86em}table.answers td,table.answers th{border:1px solid #ccc;
+padding:.35em .6em;vertical-align:top;text-align:left}table.answers td div+div{margin-top:.25em}td.subj{min-width:11em}
+td.empty{color:#888}.mk{font-weight:700}.mk.FAIL{color:#a4161a}.mk.PASS{color:#176b1b}.mk.MIXED{color:#7a5a00}
 ul.shared{margin:.2em 0 .5em;padding-left:1.2em;color:#444;font-size:.9em}details>summary{cursor:pointer}
+.st{font-weight:700;padding:0 .4em;border-radius:4px}.st.PASS{background:#d9f2dd;color:#176b1b}
+.st.MIXED{background:#fff1c2;color:#7a5a00}.st.FAIL{background:#fde2e2;color:#a4161a}.st.na{background:#eee;color:#555}"""
+"""The answer table's and the status badges' style: the index's, and each notebook page's answer block."""
+
+CSS = """body{font-family:system-ui,sans-serif;margin:1.2em 2em;max-width:110em;color:#222}h1{font-size:1.4em;margin:.2em 0}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.35em .6em;vertical-align:top;text-align:left}
-.cards{display:flex;flex-wrap:wrap;gap:1em;margin:1em 0 2em}.card{border:1px solid #bbb;border-radius:8px;padding:.8em 1em;
-width:25em;background:#fcfcfc}.card h3{margin:.1em 0 .5em;font-size:1.05em}.st{font-weight:700;padding:0 .4em;border-radius:4px}
-.PASS{background:#d9f2dd;color:#176b1b}.MIXED{background:#fff1c2;color:#7a5a00}.FAIL{background:#fde2e2;color:#a4161a}.na{background:#eee;color:#555}
 code,pre{font-size:.85em;background:#f3f3f3}pre{padding:.4em;white-space:pre-wrap}details{margin-top:.3em}
 .where{color:#444;margin:.2em 0 .6em}.caveat{color:#555;border-top:1px dashed #ccc;padding-top:.3em}
-.prov td:first-child{font-weight:600;white-space:nowrap}.run-failed{background:#fde2e2}"""
+.prov td:first-child{font-weight:600;white-space:nowrap}.run-failed{background:#fde2e2}""" + ANSWER_CSS
 
 
 def status_badge(status: str) -> str:

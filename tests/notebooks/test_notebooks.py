@@ -64,18 +64,19 @@ def test_the_cpu_profile_keeps_its_budget(cpu_report, cpu_gemm):
     assert cpu_report["elapsed"] < BUDGET_S, said
 
 
-def test_index_cards_say_what_the_notebooks_say(cpu_report):
-    """Every card finding of index.json is a finding the notebook's own verdict states (same status and claim),
-    rendered from the same results.json; `moe-lab findings` gives the same headlines without engines or torch."""
+def test_index_answers_say_what_the_notebooks_say(cpu_report):
+    """Every finding behind the index's answer table is one the notebook's own verdict states (same status and
+    claim), rendered from the same results.json; `moe-lab findings` gives the same headlines without engines or
+    torch."""
     index = cpu_report["index"]
     verdicts = {r["notebook"]: r["verdict"] for r in index["notebooks"]}
     from moe_lab import questions
 
     nb_of = {name: q.number for q in questions.QUESTIONS for name in q.experiments}
-    assert index["cards"]
-    for card in index["cards"]:
-        assert card["placement"] and card["layer"]
-        for f in card["findings"]:
+    assert index["answers"]
+    for row in index["answers"]:
+        assert row["placement"] and row["layer"] and row["cells"]
+        for f in row["findings"]:
             assert f"[{f['status']}] {f['claim']}" in verdicts[nb_of[f["experiment"]]], f
     r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "findings", "--json", str(cpu_report["out"])],
                        capture_output=True, text=True, timeout=120)
