@@ -93,11 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--megatron", default="0.16.1", help="comma list of megatron-core releases")
     w.add_argument("--jupyterlab", action="store_true", help="also JupyterLab (interactive nodes)")
 
-    cmp = sub.add_parser("compare", help="hold one report's findings against another's (e.g. one rank per GPU over "
-                                         "NCCL vs the same EP as virtual EP on one GPU): verdicts and magnitudes")
-    cmp.add_argument("a", help="results.json (or its report directory) of placement A")
-    cmp.add_argument("b", help="results.json (or its report directory) of placement B")
-    cmp.add_argument("--factor", type=float, default=2.0, help="magnitudes agree within this factor (default 2)")
+    cmp = sub.add_parser("compare", help="hold one report's findings against another's, case by case (e.g. one rank "
+                                         "per GPU over NCCL vs the same EP as virtual EP on one GPU, or two days): "
+                                         "verdicts, magnitudes, what differs, cases held by one side only")
+    cmp.add_argument("a", help="report folder A (or its results.json)")
+    cmp.add_argument("b", help="report folder B (or its results.json)")
+    cmp.add_argument("--factor", type=float, default=2.0, help="magnitudes agree within this factor (a finite "
+                                                               "number above 1; default 2)")
+    cmp.add_argument("--allow-unlike", action="store_true", help="compare cases across another release, layer or "
+                     "numerics environment too (refused otherwise), each row marked")
+    cmp.add_argument("--html", default=None, metavar="PATH", help="also write the comparison as a self-contained "
+                                                                  "HTML page to PATH")
 
     fnd = sub.add_parser("findings", help="the findings of a report folder from its results.json alone (no engines, "
                                           "no torch): status, claim and evidence per finding")
@@ -181,14 +187,20 @@ def cmd_wheelhouse(a) -> int:
 def cmd_compare(a) -> int:
     from ..reporting import compare
 
-    ra, rb = load_report(a.a)[1], load_report(a.b)[1]
-    try:
-        text = compare.summary(ra, rb, factor=a.factor)
-    except (KeyError, TypeError, AttributeError) as e:  # records of another schema (KeyError 'dispatcher')
-        what = f"the field {e}" if isinstance(e, KeyError) else f"a field of the expected type ({e})"
-        raise ValueError(f"{a.a} / {a.b}: a record lacks {what}, so the two reports cannot be compared (an older "
-                         "schema?); `moe-lab findings` reads either one alone") from None
-    print(text)
+    factor = compare.check_factor(a.factor)  # before either report is read
+    html_path = Path(a.html) if a.html else None
+    if html_path is not None and not html_path.parent.is_dir():
+        raise ValueError(f"--html {a.html}: its folder {html_path.parent} does not exist; give a path in an existing "
+                         "folder")
+    (fa, ra), (fb, rb) = compare.load(a.a), compare.load(a.b)
+    result = compare.compare(ra, rb, factor=factor, allow_unlike=a.allow_unlike, where=(str(fa), str(fb)))
+    print(compare.text(result))
+    if html_path is not None:
+        try:
+            html_path.write_text(compare.page(result))
+        except OSError as e:
+            raise ValueError(f"--html {a.html}: cannot be written ({e.strerror or e}); give another path") from None
+        print(f"HTML page: {html_path}")
     return 0
 
 
@@ -216,6 +228,9 @@ def cmd_findings(a) -> int:
         root = Path(__file__).resolve().parents[2]
         changed = published.update(root / published.FILE, root)
         print(f"{published.FILE} {'rewritten' if changed else 'already matches the published reports'}")
+        redone = [p for p in published.pages(root) if published.refresh_page(p)]
+        print(f"published pages: {len(redone)} re-worded from the current findings"
+              + (f" ({', '.join(str(p.relative_to(root)) for p in redone)})" if redone else ""))
         changed = published.update_readme_table(root / "README.md")
         print(f"README.md question table {'rewritten' if changed else 'already matches the registry'}")
         return 0

@@ -45,6 +45,9 @@ class Question:
     (e.g. 03's own plain-ranks answer, where 01 did not run)."""
     figures: str | None = "figures"
     """The module of the folder with the notebook's figures (None: it draws none of its own)."""
+    verdicts: tuple[str, ...] = ()
+    """Modules of the folder whose `verdict(records)` make the notebook's verdict cell, in order (empty: its run
+    modules); each is given the records of its own experiment (its NAME) where it has one."""
     compare: str | None = None
     """The module of the folder with `rows(a, b, factor) -> [dict]`: how the same question in two reports compares."""
     params: type | None = None
@@ -79,6 +82,15 @@ class Question:
         for m in self.findings:
             out += self.module(m).findings(records)
         return out
+
+    def verdict(self, records: list[dict]) -> str:
+        """The notebook's verdict cell from its records, as the notebook prints it (each module's verdict, a blank
+        line between)."""
+        out = []
+        for m in (self.module(name) for name in (self.verdicts or self.runs)):
+            name = getattr(m, "NAME", None)
+            out.append(m.verdict([r for r in records if name is None or r.get("experiment") in (None, name)]))
+        return "\n\n".join(out)
 
     def figures_module(self) -> ModuleType | None:
         return self.module(self.figures) if self.figures else None

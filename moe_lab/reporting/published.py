@@ -4,6 +4,8 @@ the records)."""
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
 from .. import questions
@@ -73,6 +75,72 @@ def update_readme_table(readme: Path) -> bool:
     return True
 
 
+PAGE_BLOCKS = ("verdict", "recommendations")
+"""The tagged cells of a published page whose output is findings in words: held to the current findings."""
+
+
+def _block_span(page: str, tag: str) -> tuple[int, int] | None:
+    """Where the text of the first output of the cell tagged `tag` lies in an nbconvert page (inside its <pre>)."""
+    i = page.find(f"celltag_{tag}")
+    if i < 0:
+        return None
+    j = page.find("jp-OutputArea-output", i)
+    k = page.find("<pre>", j) if j >= 0 else -1
+    end = page.find("</pre>", k) if k >= 0 else -1
+    return (k + len("<pre>"), end) if end > 0 else None
+
+
+def page_blocks(page: str) -> dict[str, str]:
+    """Tag → the text a page shows for it (its HTML unescaped)."""
+    out = {}
+    for tag in PAGE_BLOCKS:
+        span = _block_span(page, tag)
+        if span:
+            out[tag] = html.unescape(re.sub(r"<[^>]+>", "", page[span[0]:span[1]])).strip()
+    return out
+
+
+def current_blocks(folder: Path, number: str) -> dict[str, str]:
+    """What a notebook's tagged cells say from the folder's records today: its verdict (`Question.verdict`) and,
+    where the question has them, its recommendations."""
+    q = questions.BY_NUMBER[number]
+    recs = questions.of_question(_records(folder), q)
+    out = {"verdict": q.verdict(recs).strip()}
+    rec_of = getattr(q.module(q.runs[0]), "recommendations", None)
+    if rec_of is not None:
+        out["recommendations"] = "\n".join(f"- {line}" for line in rec_of(recs)).strip()
+    return out
+
+
+def pages(root: Path) -> list[Path]:
+    """Every published notebook page (NN_*.html) of a folder that holds records."""
+    return sorted(p for name in folders(root) for p in (root / PUBLISHED / name).glob("[0-9][0-9]_*.html")
+                  if questions.BY_NUMBER.get(p.name[:2]))
+
+
+def stale(page_path: Path) -> list[str]:
+    """The tagged blocks of a published page whose words are not what the findings say today (tag names)."""
+    shown = page_blocks(page_path.read_text())
+    now = current_blocks(page_path.parent, page_path.name[:2])
+    return [t for t, text_ in shown.items() if t in now and text_ != now[t]]
+
+
+def refresh_page(page_path: Path) -> bool:
+    """Rewrite a published page's tagged blocks with what the findings say today (the rest of the page — figures,
+    tables, code — is the run's and stays); True if it changed."""
+    page = page_path.read_text()
+    now = current_blocks(page_path.parent, page_path.name[:2])
+    new = page
+    for tag in PAGE_BLOCKS:
+        span = _block_span(new, tag)
+        if span and tag in now:
+            new = new[:span[0]] + html.escape(now[tag] + "\n", quote=False) + new[span[1]:]
+    if new == page:
+        return False
+    page_path.write_text(new)
+    return True
+
+
 def update(target: Path, root: Path) -> bool:
     """Write `target` (FINDINGS.md) from the published reports' records; True if it changed."""
     new = text(root)
@@ -83,4 +151,4 @@ def update(target: Path, root: Path) -> bool:
     return True
 
 
-__all__ = ["block", "current", "folders", "text", "update", "readme_table", "update_readme_table", "BEGIN", "END", "FILE", "PUBLISHED"]
+__all__ = ["block", "current", "folders", "text", "update", "pages", "stale", "refresh_page", "page_blocks", "readme_table", "update_readme_table", "BEGIN", "END", "FILE", "PUBLISHED"]

@@ -150,3 +150,29 @@ def test_the_readme_table_is_rewritten_from_the_registry(tmp_path):
     assert readme.update_readme_table(stale) is True
     assert readme.readme_table(stale.read_text()) == questions.table()
     assert readme.update_readme_table(stale) is False
+
+
+def test_published_pages_say_what_the_findings_say():
+    """Each published notebook page's verdict (and recommendations) is what the findings say of its folder's records
+    today (`moe-lab findings --published` re-words them); the figures and tables stay the run's."""
+    pages = readme.pages(ROOT)
+    assert len(pages) >= 15
+    assert {str(p.relative_to(ROOT)): readme.stale(p) for p in pages if readme.stale(p)} == {}
+
+
+def test_a_page_that_says_more_than_the_findings_is_caught(tmp_path):
+    """The control: a published page whose verdict keeps an old sentence is stale until re-worded."""
+    import shutil
+
+    src = ROOT / "reports" / "published" / "gpu-h200x1-2026-12-01"
+    dst = tmp_path / "r"
+    shutil.copytree(src, dst)
+    page = dst / "02_isolate_probs_allgather.html"
+    text = page.read_text()
+    shown = readme.page_blocks(text)["verdict"]
+    first = shown.splitlines()[1]
+    page.write_text(text.replace(first.replace("'", "&#x27;") if first not in text else first,
+                                 first.replace("[MIXED]", "[FAIL]").replace("[PASS]", "[FAIL]") + " as the ranks "
+                                 "always differ", 1))
+    assert readme.stale(page) == ["verdict"]
+    assert readme.refresh_page(page) and readme.stale(page) == []

@@ -11,6 +11,7 @@ QUESTION = Question(
     notebook="04_truncation_test",
     package=__name__,
     runs=("experiment",),
+    verdicts=("verdict",),
     experiments=("truncation",),
     findings=("findings",),
     answers={"truncation": "truncation", "fix: truncation": "truncation"},
