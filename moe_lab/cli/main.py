@@ -247,7 +247,11 @@ def cmd_findings(a) -> int:
         elif a.markdown:
             out.append(render.markdown(folder.name, by_nb))
         else:
-            out.append(f"# {folder} ({len(records)} records)\n" + render.terminal(by_nb, {q.number: q.name for q in questions.QUESTIONS}))
+            from ..reporting import summary
+
+            out.append(f"# {folder} ({len(records)} records)\n\n## The answer, per subject\n"
+                       + render.answers_text(summary.answers(records)) + "\n\n## Per question\n"
+                       + render.terminal(by_nb, {q.number: q.name for q in questions.QUESTIONS}))
     print(json.dumps(out if len(out) > 1 else out[0], indent=1, default=str) if a.json else "\n\n".join(out))
     return 0
 

@@ -139,6 +139,21 @@ def answer_table(rows: list, *, shared: dict[str, str], evidence_href=lambda i: 
     return (f"<ul class='shared'>{said}</ul>" if said else "") + f"<table class='answers'>{head}{''.join(trs)}</table>"
 
 
+def answers_text(rows: list) -> str:
+    """The answer table for a terminal: per subject, each column's words (a mark where the column is a test)."""
+    from .answers import COLUMNS, HEADERS
+
+    out = []
+    for r in rows:
+        out.append(f"* {subject_title(r)} — {r.placement}")
+        for col in COLUMNS:
+            cells = r.cells.get(col, [])
+            if cells:
+                said = "; ".join(("" if col in UNMARKED else MARKS.get(c.status, "") + " ") + c.text for c in cells)
+                out.append(f"    {HEADERS[col]}: {said}")
+    return "\n".join(out)
+
+
 def evidence(rows: list) -> str:
     """Per row, collapsed: every card finding of its subject in full (status, question, claim, notes, job lines)
     and the caveat its findings carry."""
@@ -182,4 +197,4 @@ def terminal(by_nb: dict[str, list[Finding]], names: dict[str, str]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["headline", "verdict", "cards", "card_dict", "answer_table", "evidence", "subject_title", "markdown", "terminal", "caveat", "PASS", "FAIL"]
+__all__ = ["headline", "verdict", "cards", "card_dict", "answer_table", "answers_text", "evidence", "subject_title", "markdown", "terminal", "caveat", "PASS", "FAIL"]
