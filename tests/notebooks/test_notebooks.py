@@ -372,4 +372,4 @@ def test_07_answers_for_each_scaled_preset(cpu_report):
         assert plain["cross_rank"]["n_mismatch"] > 0 and plain["first_divergent_stage"] == "combine.comm"
     rows = found.rows(recs)
     assert {(r["model"], r["dispatcher"]) for r in rows} == {(m, d) for m in models for d in ("allgather", "alltoall")}
-    assert all(r["first divergent stage"] == "combine.comm" for r in rows if r["dispatcher"] == "allgather")
+    assert all(r["first divergent stage"].startswith("combine.comm") for r in rows if r["dispatcher"] == "allgather")

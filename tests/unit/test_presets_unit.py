@@ -49,7 +49,9 @@ def test_ep_order_with_a_fix_and_its_cost():
     assert q["first divergent stage"].subject["first_stage"] == "combine.comm"
     assert q["fix: ranks diverge"].status == PASS and q["fix: ranks diverge"].remedy == "router fp32"
     row = found.rows(recs)[0]
-    assert row["model"] == "m" and row["fix"] == "router fp32" and row["cost (x plain)"] == "1.20 [1.10, 1.30]"
+    assert row["model"] == "m" and row["fix"] == "fix found: router fp32"
+    assert row["cost of the fix"].startswith("1.20x (1.10–1.30)")
+    assert row["ranks diverge? (plain bf16)"].startswith("yes: EP order")
 
 
 def test_reruns_that_differ_are_not_called_ep_order_and_nothing_in_the_grid_fixes_them():
@@ -57,7 +59,8 @@ def test_reruns_that_differ_are_not_called_ep_order_and_nothing_in_the_grid_fixe
     q = _by_q(found.findings(recs))
     assert q["ranks agree"].subject["attribution"] == "nondeterminism"
     assert q["fix: ranks diverge"].status == FAIL and q["fix: ranks diverge"].remedy is None
-    assert found.rows(recs)[0]["fix"] == "none in the grid"
+    assert found.rows(recs)[0]["fix"] == "no fix found (1 tried)"
+    assert found.rows(recs)[0]["cost of the fix"] == "—"
 
 
 def test_ranks_that_already_agree_need_nothing_and_a_missing_plain_cell_is_not_measured():
@@ -66,7 +69,8 @@ def test_ranks_that_already_agree_need_nothing_and_a_missing_plain_cell_is_not_m
     assert q["first divergent stage"].status == PASS
     only_fix = found.findings([preset07("m", r="fp32")])
     assert [f.status for f in only_fix] == [NOT_MEASURED]
-    assert found.rows([preset07("m", r="fp32")])[0]["fix"] == "not measured"  # never "none in the grid"
+    fix = found.rows([preset07("m", r="fp32")])[0]["fix"]
+    assert "not measured" in fix and "no fix" not in fix  # never "no fix found"
 
 
 def test_two_presets_never_share_a_finding_and_the_verdict_names_each():

@@ -78,32 +78,24 @@ def findings(records: list[dict]) -> list[Finding]:
     return [f for _cells, fs in _groups(records) for f in fs]  # no cell ran: none (the headline: NOT MEASURED)
 
 
-def _fix_words(fix: Finding | None) -> str:
-    if fix is None:
-        return "?"
-    if fix.status == PASS:
-        return fix.remedy or "nothing needed"
-    return "none in the grid" if fix.status == FAIL else fix.status.lower()
-
-
 def rows(records: list[dict]) -> list[dict]:
-    """One row per preset x release x dispatcher, each cell a finding's words (never a number of its own)."""
+    """One row per preset x release x dispatcher, each cell a finding's words (`Finding.short`, the answer table's),
+    never a number of its own and never a test's badge on a location or a remedy."""
+    from ...findings.answers import cost_cell
+
     out = []
     for cells, fs in _groups(records):
         by_q = {f.question: f for f in fs}
         agree, stage, fix = by_q.get(reproduce.QUESTION), by_q.get(STAGE), by_q.get(promotion.QUESTION)
         c = cells[0]
+        cost = cost_cell(fix.evidence.cost) if fix is not None and fix.remedy else None
         out.append({
             "model": (c.get("config") or {}).get("model") or "?", "release": c.get("megatron_core"),
             "dispatcher": c.get("dispatcher"),
-            "ranks agree (plain bf16)": agree.status if agree else "?",
-            "why not": agree.subject.get("attribution") if agree else "?",
-            "first divergent stage": stage.subject.get("first_stage", "—") if stage is not None else "?",
-            "fix": _fix_words(fix),
-            "cost (x plain)": (f"{fix.evidence.cost.ratio:.2f} [{fix.evidence.cost.ci[0]:.2f}, "
-                               f"{fix.evidence.cost.ci[1]:.2f}]" if fix and fix.evidence.cost is not None
-                               and fix.evidence.cost.valid else "—"),
-            "status": fix.status if fix else "?",
+            "ranks diverge? (plain bf16)": agree.short if agree else "not measured",
+            "first divergent stage": stage.short if stage is not None else "not measured",
+            "fix": fix.short if fix else "not measured",
+            "cost of the fix": cost.text if cost else "—",
         })
     return out
 
