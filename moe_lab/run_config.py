@@ -176,7 +176,8 @@ class RunConfig:
         return copy.deepcopy(_thawed(self.flat))
 
     def public(self) -> dict:
-        """The parameters as a report shows them: absolute paths (wheels, profile files) reduced to their last part."""
+        """The parameters as a report shows them: absolute paths (wheels, profile files) reduced to their last part,
+        a section's layer override of 0 shown as the profile's value it stands for."""
 
         def clean(v):
             if isinstance(v, str) and os.path.isabs(v):
@@ -187,7 +188,12 @@ class RunConfig:
                 return {k: clean(x) for k, x in v.items()}
             return v
 
-        return {k: clean(v) for k, v in self.raw().items()}
+        out = {k: clean(v) for k, v in self.raw().items()}
+        for section in (v for v in out.values() if isinstance(v, dict)):
+            for key in ("hidden", "num_experts", "topk", "ffn_hidden"):  # a section's 0: "the profile's layer"
+                if section.get(key) == 0 and isinstance(out.get(key), int):
+                    section[key] = f"{out[key]} (the profile's)"
+        return out
 
 
 def freeze(d: dict) -> Mapping:

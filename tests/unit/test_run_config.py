@@ -132,3 +132,13 @@ def test_the_cli_refuses_a_bad_section_field_before_anything_starts(tmp_path, ca
     assert rc == 2 and "section 'training' has no field 'nope'" in err and not (tmp_path / "r").exists()
     rc = cli.main(["run", "--profile", "cpu", "--only", "01", "-p", "trainin.steps=1", "--out", str(tmp_path / "r")])
     assert rc == 2 and "unknown section 'trainin'" in capsys.readouterr().err
+
+
+def test_public_settings_show_a_sections_zero_as_the_profiles_value():
+    """A section's layer override of 0 means "the profile's": the report says which value that is (a set value, the
+    control, is shown as set)."""
+    from moe_lab import profiles
+
+    p = profiles.load("cpu", {"training.num_experts": 0, "training.topk": 3})
+    t = p.public()["training"]
+    assert t["num_experts"] == f"{p.public()['num_experts']} (the profile's)" and t["topk"] == 3
