@@ -50,21 +50,31 @@ EVIDENCE_TAGS = ("verdict", "recommendations")
 says it in a few words)."""
 
 
-def answer_block(nb_path: Path) -> str | None:
-    """The page's answer, first: this question's rows of the answer table (`moe_lab.findings.answers`) from the
-    report folder's records, with its headline; None where no question is registered or no record is readable."""
+def page_records(nb_path: Path) -> list[dict] | None:
+    """The records of the notebook's question in its report folder (the latest run's); None where no question is
+    registered for it or the records cannot be read."""
     from .. import questions, results
-    from ..findings import answers, render
-    from . import summary
 
     q = questions.BY_NUMBER.get(nb_path.name[:2])
     if q is None:
         return None
     try:
-        records = results.latest(results.load(nb_path.parent / "results.json"), nb_path.parent)
+        return questions.of_question(results.latest(results.load(nb_path.parent / "results.json"), nb_path.parent), q)
     except results.ResultsFileError:
         return None
-    fs = q.findings_of(questions.of_question(records, q))
+
+
+def answer_block(nb_path: Path, records: list[dict] | None) -> str | None:
+    """The page's answer, first: this question's rows of the answer table (`moe_lab.findings.answers`) from its
+    records, with its headline; None where there are no readable records."""
+    from .. import questions
+    from ..findings import answers, render
+    from . import summary
+
+    if records is None:
+        return None
+    q = questions.BY_NUMBER[nb_path.name[:2]]
+    fs = q.findings_of(records)
     status, text = render.headline(fs)
     rows = answers.table({q.number: fs}, {q.number: q.answers}, {q.number: q.fallback_answers})
     table = render.answer_table(rows, shared=summary.shared(rows), evidence_href=lambda i: "#evidence") if any(
@@ -90,7 +100,7 @@ def _folded(summary_: str, out, *, anchor: str = "") -> dict:
                      f"{inner}</details>", "text/plain": _text_of(out)})
 
 
-def shape_page(nb, nb_path: Path) -> None:
+def shape_page(nb, nb_path: Path, records: list[dict] | None) -> None:
     """The page's order (question → answer → figures → evidence): the answer block after the question's own cell, a
     table of contents of the sections, the settings dump and long tables folded, and the full findings folded at the
     end under 'evidence' (their one line to copy shown once, in the answer)."""
@@ -120,7 +130,7 @@ def shape_page(nb, nb_path: Path) -> None:
             else:
                 folded.append(o)
         cell.outputs = folded
-    answer = answer_block(nb_path)
+    answer = answer_block(nb_path, records)
     toc = " · ".join(f"[{html.escape(h)}](#sec-{i})" for i, h in heads)
     cells = ([nbformat.v4.new_markdown_cell(answer)] if answer else []) + (
         [nbformat.v4.new_markdown_cell("**On this page:** " + ("[answer](#answer) · " if answer else "") + toc
@@ -138,12 +148,15 @@ def render_html(nb_path: Path, *, exclude_input: bool = False) -> Path:
 
     from .summary import ANSWER_CSS, ISSUE
 
+    from .summary import day_and_machine
+
     nb = nbformat.read(nb_path, as_version=4)
-    title = title_of(nb)
+    records = page_records(nb_path)
+    title = " · ".join([title_of(nb)] + (day_and_machine(records) if records else []))
     suffix = ".shared.html" if exclude_input else ".html"
     others = [p for p in sorted(nb_path.parent.glob("[0-9][0-9]_*.ipynb")) if NB_PATTERN.match(p.name)]
     nav = " · ".join(f"[{p.name[:2]}]({p.stem}{suffix})" if p != nb_path else f"**{p.name[:2]}**" for p in others)
-    shape_page(nb, nb_path)
+    shape_page(nb, nb_path, records)
     nb.cells.insert(0, nbformat.v4.new_markdown_cell(
         f"[← report index](index.html) · notebooks: {nav} · [Megatron-LM #1421]({ISSUE})"
         + (" · [this page with code](" + nb_path.stem + ".html)" if exclude_input else "")))

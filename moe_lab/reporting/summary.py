@@ -108,18 +108,23 @@ def provenance(records: list[dict]) -> dict:
     return out
 
 
-def title(profile: str, records: list[dict]) -> str:
-    """A report's title: the profile, the day its records were measured and the machine — 'moe_lab report — gpu ·
-    2026-12-02 · NVIDIA H200' / '... cpu · 2026-12-04 · AMD EPYC' (a span of days, several GPUs or CPUs as they are)."""
+def day_and_machine(records: list[dict]) -> list[str]:
+    """['2026-12-02', 'NVIDIA H200']: the day(s) the records were measured and the machine (GPU, else CPU model) —
+    a span of days, several GPUs or CPUs as they are."""
     recs = [r for r in records if isinstance(r, dict)]
     days = sorted({t[:10] for t in _times(recs)})
     gpus = sorted({str(r["gpu"]) for r in recs if r.get("gpu")})
     cpus = sorted({str((r.get("cpu") or {}).get("model")) for r in recs if (r.get("cpu") or {}).get("model")})
-    parts = [profile or "report"]
-    parts.append(days[0] if len(days) == 1 else f"{days[0]} … {days[-1]}" if days else "not measured yet")
+    parts = [days[0] if len(days) == 1 else f"{days[0]} … {days[-1]}" if days else "not measured yet"]
     if gpus or cpus:
         parts.append(", ".join(gpus) if gpus else ", ".join(cpus))
-    return "moe_lab report — " + " · ".join(parts)
+    return parts
+
+
+def title(profile: str, records: list[dict]) -> str:
+    """A report's title: the profile, the day its records were measured and the machine — 'moe_lab report — gpu ·
+    2026-12-02 · NVIDIA H200' / '... cpu · 2026-12-04 · AMD EPYC'."""
+    return "moe_lab report — " + " · ".join([profile or "report"] + day_and_machine(records))
 
 
 def generated_after(records: list[dict]) -> str:

@@ -42,6 +42,7 @@ def test_page_opens_with_the_answer_and_folds_settings_and_evidence(tmp_path):
     figure, evidence = body.index("a figure"), body.index("id=\"evidence\"")
     assert question < answer < toc <= first_section < figure < evidence
     assert 'class="answers"' in body and "fix found: router fp32" in body
+    assert "NVIDIA H200</title>" in page  # the page's title names the machine its records ran on
     # the settings dump is folded, its 60 lines one click away
     assert "<summary>the run&#x27;s settings (60 lines)</summary>" in body or \
         "<summary>the run's settings (60 lines)</summary>" in body
