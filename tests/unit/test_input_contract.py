@@ -108,24 +108,30 @@ def test_files_the_run_reads_fail_in_one_line_naming_the_path(tmp_path, capsys):
     assert not list(out.glob("*.ipynb")) and not list(out2.glob("*.ipynb"))
 
 
-def test_compare_on_records_of_another_schema_is_one_line(tmp_path, capsys):
-    """`compare` on records that lack the fields it reads (an older schema): one line naming both inputs,
-    exit 2 — not KeyError 'dispatcher'. The control: the same command on well-formed records prints the comparison."""
+def test_compare_on_records_of_another_shape_is_one_line(tmp_path, capsys):
+    """`compare` on a record whose notebook is not a string (not a report's results.json): one line naming the file,
+    exit 2, no traceback. Records that only lack fields (an older schema) are read as `moe-lab findings` reads them:
+    their cases are NOT MEASURED on both sides, exit 0 — the control, with the well-formed record beside it."""
     import json
 
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text(json.dumps([{"notebook": "01", "router_dtype": "none"}]))
+        (tmp_path / name / "results.json").write_text(json.dumps([{"notebook": ["01"], "router_dtype": "none"}]))
     rc = cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "a record lacks the field 'dispatcher'" in err and len(err.splitlines()) == 1, err
-    good = {"notebook": "01", "dispatcher": "allgather", "router_dtype": "none", "world": 4,
-            "cross_rank": {"mismatch_frac": 0.3, "bitwise_equal": False, "n_differ": 3, "trials": 3},
-            "rerun": {"mismatch_frac": 0.0, "bitwise_equal": True, "n_differ": 0, "trials": 3}}
+    assert rc == 2 and "record 0 has notebook ['01'] (list)" in err and len(err.splitlines()) == 1, err
+    old = {"notebook": "01", "kind": "case", "router_dtype": "none"}
+    good = {"notebook": "01", "kind": "case", "dispatcher": "allgather", "router_dtype": "none", "world": 4,
+            "cross_rank": {"numel": 10, "n_mismatch": 3, "mismatch_frac": 0.3, "bitwise_equal": False, "n_differ": 3,
+                           "trials": 3},
+            "rerun": {"numel": 10, "n_mismatch": 0, "mismatch_frac": 0.0, "bitwise_equal": True, "n_differ": 0,
+                      "trials": 3}}
     for name in ("a", "b"):
-        (tmp_path / name / "results.json").write_text(json.dumps([good]))
+        (tmp_path / name / "results.json").write_text(json.dumps([old, good]))
     assert cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
-    assert "verdicts agree in 1 of 1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Verdicts agree in 2 of 2 cases held by both (1 of them not measured" in out
+    assert "A NOT MEASURED, B NOT MEASURED" in out and "A FAIL (attribution ep), B FAIL (attribution ep)" in out
 
 
 @pytest.mark.parametrize("under", ["proc", "file"])

@@ -14,5 +14,6 @@ QUESTION = Question(
     findings=("findings",),
     answers={"gradients agree": "gradients", "fix: gradients": "gradients"},
     figures="figures",
+    compare="compare",
     params=CompoundParams,
 )

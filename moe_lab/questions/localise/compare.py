@@ -1,25 +1,29 @@
-"""Notebook 02 in two reports: per dispatcher x variant both hold, the first divergent stage and the output's
-mismatch fraction."""
+"""Notebook 02 in two reports, per case `moe_lab.reporting.compare` matched: the first divergent stage and the
+collective it is (the finding's verdict), with the fraction of output elements that differ across ranks as its
+magnitude; whether the gathered probs are bitwise equal, with how many of the rank-pair comparisons are not; which
+probs-path variant makes every stage agree."""
 
 from __future__ import annotations
 
-from . import QUESTION
-from ...findings.common import within_factor
-from ..reproduce.compare import WHY_NCCL
+from ..reproduce.compare import side_by_side
+from ...findings.model import Count
+
+DETAILS = ("first_stage", "collective")
+"""Subject fields that are the verdict's words (where the ranks first part), not the case's identity."""
 
 
-def _cases(records: list[dict]) -> dict:
-    return {(r["dispatcher"], r["variant"]): r for r in records
-            if r.get("notebook") == QUESTION.number and r.get("kind") == "case"}
+def magnitude(case: dict) -> tuple[str, Count | float | None]:
+    f, recs = case["finding"], case["records"]
+    if f.question == "first divergent stage":
+        cs = [r for r in recs if r.get("kind") == "case"]
+        frac = cs[0].get("out_mismatch_frac") if len(cs) == 1 else None
+        return "output elements differing across ranks (fraction)", frac
+    if f.question == "probs all-gather":
+        rows_ = [r for r in recs if r.get("kind") == "stage" and r.get("stage") == "dispatch.comm.probs"
+                 and r.get("stage_kind") == "replicated"]
+        what = "rank-pair comparisons of the gathered probs not bitwise equal"
+        return what, Count(sum(not r.get("bitwise_equal") for r in rows_), len(rows_), what) if rows_ else None
+    return "", None
 
 
-def rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
-    ca, cb = _cases(a), _cases(b)
-    out = []
-    for k in sorted(set(ca) & set(cb)):
-        sa, sb = ca[k]["first_divergent_stage"], cb[k]["first_divergent_stage"]
-        fa, fb = ca[k].get("out_mismatch_frac") or 0.0, cb[k].get("out_mismatch_frac") or 0.0
-        out.append({"notebook": QUESTION.number, "case": f"{k[0]}/{k[1]}", "what": "first divergent stage",
-                    "a": str(sa), "b": str(sb), "agree": sa == sb, "within_factor": within_factor(fa, fb, factor),
-                    "why": "" if sa == sb else WHY_NCCL})
-    return out
+rows = side_by_side(magnitude)

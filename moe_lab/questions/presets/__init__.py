@@ -16,5 +16,6 @@ QUESTION = Question(
     findings=("findings",),
     answers={"ranks agree": "diverges", "first divergent stage": "where", "fix: ranks diverge": "fix"},
     figures="figures",
+    compare="compare",
     params=PresetParams,
 )

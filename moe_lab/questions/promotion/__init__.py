@@ -15,5 +15,6 @@ QUESTION = Question(
     answers={"fix: ranks diverge": "fix"},
     fallback_answers={"plain ranks agree": "diverges"},
     figures="figures",
+    compare="compare",
     params=PromotionParams,
 )

@@ -1,25 +1,52 @@
-"""Notebook 01 in two reports: per dispatcher x router dtype both hold, the cross-rank verdict (EP order,
-nondeterminism, equal) and its mismatch fraction."""
+"""Notebook 01 in two reports, per case `moe_lab.reporting.compare` matched: do the ranks agree (the finding's status
+and its attribution: EP order, run-to-run nondeterminism, equal), and does a layout change the bits. The magnitude is
+the count behind the verdict: the output elements that differ across ranks (worst trial, worst rank pair), or
+against the reference layout; a layout finding over several layouts has none of its own."""
 
 from __future__ import annotations
 
-from . import QUESTION
-from ...findings import labels
-from ...findings.common import within_factor
+from typing import Callable
 
-WHY_NCCL = ("NCCL's own reduction order (ring/tree) and NVLink are exercised only with one rank per GPU; "
-            "gloo reduces on the host in one fixed order")
+from ...findings.model import Count
+
+DETAILS = ("attribution",)
+"""Subject fields that are the verdict's words (why the ranks differ), not the case's identity."""
+
+CROSS_RANK = "output elements differing across ranks (worst trial, worst rank pair)"
+VS_REFERENCE = "output elements differing from the reference layout (worst trial)"
 
 
-def rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
-    ka = {(r["dispatcher"], r["router_dtype"]): r for r in a if r.get("notebook") == QUESTION.number}
-    kb = {(r["dispatcher"], r["router_dtype"]): r for r in b if r.get("notebook") == QUESTION.number}
-    out = []
-    for k in sorted(set(ka) & set(kb)):
-        ra, rb = ka[k], kb[k]
-        va, vb = (labels.attribution(r["cross_rank"], r["rerun"]) for r in (ra, rb))
-        fa, fb = ra["cross_rank"].get("mismatch_frac", 0.0), rb["cross_rank"].get("mismatch_frac", 0.0)
-        out.append({"notebook": QUESTION.number, "case": f"{k[0]}/router {k[1]}", "what": "cross-rank verdict",
-                    "a": f"{va} ({fa:.3g})", "b": f"{vb} ({fb:.3g})", "agree": va == vb,
-                    "within_factor": within_factor(fa, fb, factor), "why": "" if va == vb else WHY_NCCL})
-    return out
+def comparison_count(c, what: str) -> Count | None:
+    """A comparison's worst-trial mismatch count over its elements, as the record states them (an impossible count
+    stays as it is, for the comparison to show invalid); None where no comparison was made."""
+    if not isinstance(c, dict) or not c.get("applicable", True) or "numel" not in c:
+        return None
+    return Count(c.get("n_mismatch"), c.get("numel"), what)
+
+
+def magnitude(case: dict) -> tuple[str, Count | None]:
+    f, recs = case["finding"], case["records"]
+    if len(recs) != 1:
+        return "", None
+    if f.experiment == "layouts":
+        return VS_REFERENCE, comparison_count(recs[0].get("vs_reference"), VS_REFERENCE)
+    return CROSS_RANK, comparison_count(recs[0].get("cross_rank"), CROSS_RANK)
+
+
+def side_by_side(magnitude: Callable[[dict], tuple[str, object]]) -> Callable[[list, list, float], list[dict]]:
+    """The `rows` of a question whose matched cases are held side by side by one magnitude each (`magnitude(case)
+    -> (what it measures, Count | number | None)`): per pair (a[i], b[i]: {'finding', 'records'}), the measure and
+    the two magnitudes; `moe_lab.reporting.compare` holds them against the factor and renders an invalid one as
+    invalid."""
+
+    def rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
+        out = []
+        for x, y in zip(a, b):
+            (what_a, ma), (what_b, mb) = magnitude(x), magnitude(y)
+            out.append({"what": what_a or what_b, "a": ma, "b": mb})
+        return out
+
+    return rows
+
+
+rows = side_by_side(magnitude)

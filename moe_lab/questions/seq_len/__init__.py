@@ -13,6 +13,7 @@ QUESTION = Question(
     experiments=("seq_len",),
     findings=("findings",),
     figures="figures",
+    compare="compare",
     params=SeqLenParams,
     axes=("seq_len",),
 )

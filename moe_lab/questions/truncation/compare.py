@@ -1,27 +1,33 @@
-"""Notebook 04 in two reports: per dispatcher x remedy (measured, not emulated) both hold, does the remedy keep
-the first tokens bitwise invariant in every trial, and the truncation mismatch fraction."""
+"""Notebook 04 in two reports, per case `moe_lab.reporting.compare` matched: does the truncation test hold on the real
+layer (the finding's status), which remedy keeps the first tokens and a rerun bitwise equal in every trial (the remedy
+it names), the first tokens' routing, and whether the expert GEMMs are batch variant on the device that ran them.
+Magnitudes: the first-token elements that differ under truncation (the no-remedy case, worst trial), and the row
+counts M at which a GEMM's first rows changed."""
 
 from __future__ import annotations
 
-from . import QUESTION
-from ...findings import labels
-from ...findings.common import within_factor
+from ..reproduce.compare import side_by_side
+from ...findings.model import Count
+
+MARKED = ("device",)
+"""Subject fields that say where a kernel ran (the GPU, or the CPU model and ISA): named where they differ, never
+part of the case."""
 
 
-def _cases(records: list[dict]) -> dict:
-    return {(r["dispatcher"], r["remedy"], r.get("tile")): r for r in records if r.get("notebook") == QUESTION.number
-            and r.get("kind") == "case" and r.get("available") and not r.get("emulated")}
+def magnitude(case: dict):
+    f, recs = case["finding"], case["records"]
+    if f.question == "truncation":
+        plain = [r for r in recs if r.get("remedy") == "none"]
+        t = plain[0].get("truncation") if len(plain) == 1 else None
+        if isinstance(t, dict) and "numel" in t:
+            what = "first-token elements differing under truncation (no remedy, worst trial)"
+            return what, Count(t.get("n_mismatch"), t.get("numel"), what)
+    if f.question == "expert GEMM batch invariance":
+        ks = [r for r in recs if isinstance(r.get("kernel"), dict)]
+        if ks:
+            what = "row counts M probed at which the GEMM's first rows change"
+            return what, Count(sum(not r["kernel"].get("bitwise_equal") for r in ks), len(ks), what)
+    return "", None
 
 
-def rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
-    ta, tb = _cases(a), _cases(b)
-    out = []
-    for k in sorted(set(ta) & set(tb), key=str):
-        ha = ta[k]["truncation"]["bitwise_equal"] and ta[k]["rerun"]["bitwise_equal"]
-        hb = tb[k]["truncation"]["bitwise_equal"] and tb[k]["rerun"]["bitwise_equal"]
-        fa, fb = ta[k]["truncation"]["mismatch_frac"], tb[k]["truncation"]["mismatch_frac"]
-        out.append({"notebook": QUESTION.number, "case": f"{k[0]}/{labels.rem_label(k[1], k[2])}",
-                    "what": "holds in every trial",
-                    "a": str(ha), "b": str(hb), "agree": ha == hb, "within_factor": within_factor(fa, fb, factor),
-                    "why": "" if ha == hb else "the combine's collectives differ (see 02); GEMMs are the same kernels"})
-    return out
+rows = side_by_side(magnitude)
