@@ -333,8 +333,9 @@ def compare(a: list[dict], b: list[dict], *, factor: float = FACTOR, allow_unlik
         if ca or cb:
             per_q[q.number] = {"a": len(ca), "b": len(cb), "both": len(pairs), "only_a": len(la), "only_b": len(lb)}
         summary_of = getattr(q.module(q.compare), "summary", None)
-        if summary_of is not None and mine:
-            lines += summary_of(mine)
+        like = [r for r in mine if not set(r["differs"]) & set(REFUSED)]  # a line over cases of one kind only
+        if summary_of is not None and like:
+            lines += summary_of(like)
     if unlike and not allow_unlike:
         raise UnlikeReports(_unlike_message(unlike, len(rows)))
     return Comparison("A", "B", factor, rows, only_a, only_b, per_q, not_cmp, lines,

@@ -261,3 +261,13 @@ def test_a_question_without_a_compare_module_is_said_not_compared(monkeypatch):
     c = compare.compare(recs, recs)
     assert not c.rows and c.not_compared == {"01": (1, 1)}
     assert "01: not compared — the question has no compare module (1 finding(s) in A, 1 in B)." in compare.text(c)
+
+
+def test_the_training_line_counts_only_runs_of_one_layer():
+    """Runs of another layer are other runs, whatever their bits: with --allow-unlike their rows are marked 'layer',
+    and the line over the runs held by both leaves them out. The control: the same runs on one layer."""
+    a = [run06(1), run06(2, part_at=2, how_far=1e-3)]
+    b = [train06(ep, config={"hidden": 16}, **kw) for ep, kw in ((1, {}), (2, {"part_at": 2, "how_far": 1e-3}))]
+    c = compare.compare(a, b, allow_unlike=True)
+    assert c.rows and all("layer" in r["differs"] for r in c.rows) and c.lines == []
+    assert compare.compare(a, a).lines

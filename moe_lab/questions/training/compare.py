@@ -98,8 +98,9 @@ def rows(a: list[dict], b: list[dict], factor: float) -> list[dict]:
 
 
 def summary(rows_: list[dict]) -> list[str]:
-    """One line over every run the matched findings rest on (each counted once): how many are the same bits in both
-    reports, with deterministic mode and without it."""
+    """One line over every run the matched findings rest on (each counted once; `moe_lab.reporting.compare` passes
+    only pairs of one release, layer and numerics environment): how many are the same bits in both reports, with
+    deterministic mode and without it."""
     seen = {}
     for r in rows_:
         for ia, ib, det, same in r.get("trajectories", ()):
