@@ -160,8 +160,12 @@ def evidence(rows: list) -> str:
     out = []
     for i, r in enumerate(rows):
         items = []
+        col_of = {id(c.finding): col for col, cells in r.cells.items() for c in cells if c.finding is not None}
         for f in r.findings:
-            items.append(f"<li>{_st(f.status)} <b>{html.escape(f.question)}</b>: {html.escape(f.claim)}"
+            # a location or a remedy is not a test: its few words stand where a badge would
+            label = (f"<span class='st na'>{html.escape(f.short)}</span>" if col_of.get(id(f)) in UNMARKED and f.short
+                     else _st(f.status))
+            items.append(f"<li>{label} <b>{html.escape(f.question)}</b>: {html.escape(f.claim)}"
                          + (f" <small>({html.escape('; '.join(f.evidence.notes))})</small>" if f.evidence.notes else "")
                          + ("<pre>" + html.escape("\n".join(f.lines)) + "</pre>" if f.lines else "") + "</li>")
         cav = caveat({"findings": r.findings, "placement": r.placement})

@@ -190,6 +190,9 @@ def test_a_location_or_a_fix_carries_no_status_mark():
     by_col = dict(zip(cols, tds))
     assert "class='mk FAIL'" in by_col["diverges"]
     assert "class='mk" not in by_col["where"] and "class='mk" not in by_col["fix"]
+    ev = render.evidence(rows)
+    assert "fix found: router fp32</span> <b>fix: ranks diverge</b>" in ev and "PASS" not in ev
+    assert "FAIL</span> <b>ranks agree</b>" in ev  # the test keeps its badge (the control)
 
 
 def test_cells_beyond_three_link_to_the_evidence():
