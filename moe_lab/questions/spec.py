@@ -49,7 +49,8 @@ class Question:
     """Modules of the folder whose `verdict(records)` make the notebook's verdict cell, in order (empty: its run
     modules); each is given the records of its own experiment (its NAME) where it has one."""
     compare: str | None = None
-    """The module of the folder with `rows(a, b, factor) -> [dict]`: how the same question in two reports compares."""
+    """The module of the folder with `rows(a, b, factor) -> [dict]` over the two reports' matched cases (and the subject
+    fields that belong to a verdict): how the same question in two reports compares (`moe_lab.reporting.compare`)."""
     params: type | None = None
     """Its typed parameters (`moe_lab.params.Section` or `Flat`), or None where it reads only the common keys."""
     axes: tuple[str, ...] = ()
