@@ -11,13 +11,14 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
 
-from .. import profiles
+from .. import fsio, profiles
 from ..controller import interrupts
-from ..fsio import ReportWriteError, check_writable, failed_write, writable_dir
+from ..fsio import ReportWriteError, check_writable, write_failure, writable_dir
 from .. import results
 from .notebook_pages import NB_PATTERN, ROOT, error_of, mark_failure, render_html, title_of, verdict_of
 
@@ -36,8 +37,8 @@ def check_out(out: str | None) -> Path | None:
     if out is None:
         return None
     if not str(out).strip():
-        raise ValueError("--out '' names no folder; leave --out out (reports/<profile>-<date>, git-ignored) or "
-                         "give a folder")
+        raise ValueError(f"--out {str(out)!r} names no folder; leave --out out (reports/<profile>-<date>, "
+                         "git-ignored) or give a folder")
     out_dir = Path(out).expanduser().resolve()
     refuse_tracked(out_dir)
     # first, before the profile, the GPU probe and the release check: a wrong --out is known at once (and nothing
@@ -102,12 +103,12 @@ def _row(num: str, src: Path, status: str, error: str, seconds: float) -> dict:
 def _cases_run(out_dir: Path, num: str) -> dict:
     """{"measured": n, "reused": m} of notebook `num`'s run in this `moe-lab run` (protocol.note_run's counts in
     cases-NN.json under this run's id), or {} when the notebook ran no case in this run."""
-    p = out_dir / f"cases-{num}.json"
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
+        d = results.read_cases(results.cases_path(out_dir, num))
+    except results.ResultsFileError as e:  # the notebook's own list, unreadable: its row goes without the counts
+        logger.warning("%s", e)
         return {}
-    if not isinstance(d, dict) or d.get("run_id") != os.environ.get("MOE_LAB_RUN_ID"):
+    if d is None or d.get("run_id") != os.environ.get("MOE_LAB_RUN_ID"):
         return {}
     return {k: d[k] for k in ("measured", "reused") if isinstance(d.get(k), int)}
 
@@ -140,30 +141,23 @@ def _finish_row(row: dict, dst: Path) -> dict:
 def _raise_if_write_failed(e: BaseException, out_dir: Path) -> None:
     """A file under the report folder that could not be written ends the run (ReportWriteError, one line, exit 3):
     the notebooks after it could not save anything either."""
-    path = failed_write(e, out_dir)
-    if path:
-        raise ReportWriteError(path, next(x for x in _chain(e) if isinstance(x, OSError))) from e
-
-
-def _chain(e):
-    while e is not None:
-        yield e
-        e = e.__cause__ or e.__context__
+    found = write_failure(e, out_dir)  # an OSError naming a file there, a full disk naming none, a kernel's record
+    if found:
+        raise ReportWriteError(*found) from e
 
 
 def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float) -> dict:
     import papermill as pm
 
-    from .kernels import RunKernelManager
-
     dst = out_dir / src.name
     t0 = time.perf_counter()
     status, error = "ok", ""
+    kernel: dict = {}  # the kernel's pid and process state as papermill shut it down
     try:
         pm.execute_notebook(str(src), str(dst), parameters=dict(profile=profile, params=params, out_dir=str(out_dir)),
                             cwd=str(src.parent), kernel_name="python3", progress_bar=sys.stderr.isatty(),
                             execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True,
-                            kernel_manager_class=RunKernelManager)
+                            kernel_manager_class=_kernel_manager(kernel))
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - a failing notebook still gets its HTML and an index row
@@ -171,14 +165,62 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if type(e).__name__ == "DeadKernelError":
             error = "DeadKernelError: the kernel died (killed, out of memory, or a crash in native code)"
+        if type(e).__name__ == "CellTimeoutError":  # its text ends in the cell's source between dashes
+            error = _timed_out(dst, timeout, kernel)
+        elif kernel.get("state"):  # e.g. stopped while it started: "Kernel didn't respond in 60 seconds"
+            error = (f"kernel stopped: the notebook's kernel (pid {kernel['pid']}) is {kernel['state']} ({error}); "
+                     "the kernel was ended — run the notebook again (finished cases are reused)")
         if getattr(e, "ename", None) == "ClusterError":  # the notebook's cluster failed: said as under probe
             status, error = "cluster fault", f"cluster fault: {getattr(e, 'evalue', '')}"
         logger.error("notebook %s failed: %s", src.name, error)
-    row = _finish_row(_row(num, src, status, error, time.perf_counter() - t0), dst)
+    executed = time.perf_counter() - t0
+    row = _finish_row(_row(num, src, status, error, executed), dst)
+    # where a notebook's time goes, in the log: papermill (kernel start, the cells) apart from the HTML pages
+    logger.info("%s: executed in %.1f s (kernel start and cells), pages rendered in %.1f s", src.name, executed,
+                time.perf_counter() - t0 - executed)
     row.update(_cases_run(out_dir, num))
     if "measured" in row:  # a resume is said in the terminal too, not only in the notebook
         logger.info("%s: %d case(s) measured, %d reused from results.json", src.name, row["measured"], row["reused"])
     return row
+
+
+def _kernel_manager(noted: dict):
+    """papermill's kernel manager for one notebook (kernels.RunKernelManager) that notes, in `noted`, the kernel's
+    pid and its process state when it is shut down — after a cell timed out, whether the kernel was stopped."""
+    from ..controller.diagnosis import process_state
+    from .kernels import RunKernelManager
+
+    class NotingKernelManager(RunKernelManager):
+        async def shutdown_kernel(self, now: bool = False, restart: bool = False):
+            pid = getattr(self.provisioner, "pid", None)
+            if pid:
+                noted.update(pid=pid, state=process_state(pid))
+            await super().shutdown_kernel(now=now, restart=restart)
+
+    return NotingKernelManager
+
+
+def _timed_out(dst: Path, timeout: float, kernel: dict) -> str:
+    """A cell that timed out, in words: which cell (its number in the executed notebook and first line), after how
+    long, and whether the kernel was stopped (SIGSTOP, Ctrl-Z, a debugger) rather than busy."""
+    cell = "a cell"
+    try:
+        import nbformat
+
+        nb = nbformat.read(dst, as_version=4)
+        started = [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+        if started:
+            i = started[-1]
+            line = next((ln.strip() for ln in nb.cells[i].source.splitlines() if ln.strip()), "")
+            cell = f"cell {i + 1} of {len(nb.cells)}" + (f" (`{line[:80]}`)" if line else "")
+    except Exception as e:  # noqa: BLE001 - the notebook may be partly written; the rest is still said
+        logger.debug("%s: the timed-out cell could not be read (%s)", dst, e)
+    if kernel.get("state"):
+        return (f"kernel stopped: the notebook's kernel (pid {kernel['pid']}) is {kernel['state']}, so {cell} "
+                f"timed out after {timeout:g} s; the kernel was ended — run the notebook again (finished cases "
+                "are reused)")
+    return (f"cell timed out: {cell} ran longer than the notebook timeout ({timeout:g} s, --timeout) and the "
+            "kernel was ended; give a longer --timeout (or fewer cases) and run again: finished cases are reused")
 
 
 def _counts(row: dict) -> str:
@@ -290,7 +332,6 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         out_dir = REPORTS / default_name(profile, ccfg)
         refuse_tracked(out_dir)
     writable_dir(out_dir, "--out")  # create it, or one line saying why not, before anything starts
-    results.load(out_dir / "results.json")  # a corrupt file is refused before anything is measured
     from ..experiments.protocol import HEADLESS_ENV
 
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
@@ -303,7 +344,10 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     except ImportError:  # pragma: no cover
         tqdm = None
     current, t0 = None, time.perf_counter()
-    with interrupts.handling(), _run_lock(out_dir), _shared_cluster(config, out_dir, len(chosen)):
+    # the files of earlier runs are checked once the lock is held (no other run is rewriting them), before the
+    # cluster starts: each item of a `with` is entered before the next one is evaluated
+    with interrupts.handling(), _run_lock(out_dir), _checked_out_files(out_dir, chosen), \
+            _shared_cluster(config, out_dir, len(chosen)):
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
@@ -385,30 +429,159 @@ def default_name(profile: str, ccfg) -> str:
     return f"{name}-{gpu}x{ccfg.engines // ccfg.ranks_per_gpu}-{date}"
 
 
+RUN_HOLDER = ".moe_lab-run.json"
+"""Who holds a report folder's run lock (pid and command), for the line a second run prints; only a note: the lock
+is the folder's own (`_run_lock`)."""
+
+
 @contextlib.contextmanager
 def _run_lock(out_dir: Path):
-    """One run at a time per report directory: a second `moe-lab run` into it refuses in one line instead of
-    silently replacing the first run's HTML."""
+    """One run at a time per report folder: an exclusive flock on the folder itself, held for the whole run. The
+    operating system ends it with the process (exit, crash, SIGKILL), so there is no lock file to remove by hand, and
+    removing files in the folder does not release it. A second `moe-lab run` into the folder refuses in one line
+    naming the holder's pid and command. (results.append locks a file of its own beside results.json, so the
+    notebooks' appends go on under this lock.)"""
     import fcntl
 
-    path = out_dir / ".moe_lab-run.lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:  # a directory of that name, no permission: the path and why, one line
-        raise ValueError(f"{path}: the run lock cannot be opened ({e.strerror or type(e).__name__}); remove it if "
-                         "no moe-lab run is writing into this folder, or give another --out") from None
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise ValueError(f"--out ({out_dir}) cannot be opened to lock it for this run "
+                         f"({e.strerror or type(e).__name__}); give another --out") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            other = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            raise ValueError(f"another moe-lab run (pid {other}) is writing into {out_dir}: wait for it to finish, "
-                             "or give this run another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+            raise ValueError(f"another moe-lab run ({_holder(out_dir)}) is writing into {out_dir}: wait for it to "
+                             "finish (its lock ends with it), or give this run another --out") from None
+        note = out_dir / RUN_HOLDER
+        try:
+            fsio.write_atomic(note, json.dumps({"pid": os.getpid(), "command": _command(os.getpid())}))
+        except OSError as e:  # the note only names the holder; /proc/locks names its pid anyway
+            logger.debug("%s: not written (%s)", note, e)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(note)
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _holder(out_dir: Path) -> str:
+    """'pid N: COMMAND' of the process holding `out_dir`'s run lock: its pid from the kernel's lock table
+    (/proc/locks), else from the holder's note; its command line from the process, else from the note."""
+    pid = _flock_holder(out_dir)
+    try:
+        note = json.loads(fsio.read_regular(out_dir / RUN_HOLDER))
+        note = note if isinstance(note, dict) else {}
+    except (OSError, ValueError):
+        note = {}
+    if pid is None and isinstance(note.get("pid"), int):
+        pid = note["pid"]
+    if pid is None:
+        return "pid unknown"
+    command = _command(pid) or (note.get("command") if note.get("pid") == pid else "") or "command unknown"
+    return f"pid {pid}: {command}"
+
+
+def _flock_holder(folder: Path) -> int | None:
+    """The pid holding a flock on `folder` (Linux: /proc/locks lists `FLOCK ... WRITE pid major:minor:inode`), or
+    None where that cannot be read."""
+    try:
+        st = os.stat(folder)
+        table = fsio.read_regular("/proc/locks").decode(errors="replace")
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    by_inode = []
+    for line in table.splitlines():
+        f = line.split()
+        if len(f) < 6 or f[1] != "FLOCK" or not f[4].isdigit():  # '->' marks a waiter, not a holder
+            continue
+        if f[5] == dev:
+            return int(f[4])
+        if f[5].rsplit(":", 1)[-1] == str(st.st_ino):  # an overlay may show another device number
+            by_inode.append(int(f[4]))
+    return by_inode[0] if len(by_inode) == 1 else None
+
+
+def _command(pid: int) -> str:
+    """The command line of `pid` on one line (`python -c` code spans several), shortened to 200 characters ('' when
+    it cannot be read)."""
+    import psutil
+
+    try:
+        cmd = " ".join(" ".join(psutil.Process(pid).cmdline()).split())
+    except psutil.Error:
+        return ""
+    return cmd if len(cmd) <= 200 else cmd[:197] + "..."
+
+
+def _checked_out_files(out_dir: Path, chosen: list[tuple[str, Path]]):
+    """Every file of an earlier run in `out_dir` that this run reads or rewrites, checked before anything starts:
+    results.json and every run list (cases-NN.json) as their readers take them, index.json as the index keeps its
+    rows, and no file the run writes is a FIFO, socket or device (a write to a FIFO waits for a reader). A problem is
+    one line naming the file, what is wrong and what to do (results.ResultsFileError or ValueError: exit 2). Returns
+    a no-op context for run_all's `with`."""
+    records = results.load(out_dir / "results.json")  # a case measured twice is said (once) as it is read
+    results.say_unreadable(out_dir / "results.json", records)  # and records no finding reads
+    for p in sorted(out_dir.glob("cases-*.json")):
+        results.read_cases(p)
+    _check_index(out_dir / "index.json")
+    written = {"results.json", "index.json", "index.html"} | {f"cases-{num}.json" for num, _ in chosen} | {
+        src.stem + suffix for _, src in chosen for suffix in (".ipynb", ".html", ".shared.html")}
+    for name in sorted(written):
+        p = out_dir / name
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a directory fails its write in one line, mid-run
+            raise ValueError(f"{p} is {_kind(mode)}, where this run writes a file (writing it would wait, or go "
+                             "nowhere); move it away, or give another --out")
+    return contextlib.nullcontext()
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+
+
+INDEX_ROW = {"notebook": str, "status": str, "title": str, "error": str, "verdict": str, "seconds": (int, float)}
+"""The fields of an index.json row (`_row`) the index reads when it keeps the rows of notebooks not in a run."""
+
+
+def _check_index(p: Path) -> None:
+    """index.json of an earlier run, as write_index keeps its rows: a JSON object whose "notebooks" is a list of
+    rows with INDEX_ROW's fields. ValueError in one line naming the file and what to do otherwise."""
+    if not (p.exists() or p.is_symlink()):
+        return
+    what = None
+    try:
+        d = json.loads(fsio.read_regular(p).decode())
+    except OSError as e:
+        what = f"cannot be read ({e.strerror or type(e).__name__})"
+    except UnicodeDecodeError as e:
+        what = f"is not UTF-8 text ({e})"
+    except (json.JSONDecodeError, RecursionError) as e:
+        what = f"is not valid JSON ({e})"
+    else:
+        if not isinstance(d, dict):
+            what = f"must hold a JSON object, found {type(d).__name__}"
+        elif not isinstance(d.get("notebooks", []), list):
+            what = f"must hold its rows as a list under \"notebooks\", found {type(d['notebooks']).__name__}"
+        else:
+            for i, r in enumerate(d.get("notebooks", [])):
+                bad = [k for k, t in INDEX_ROW.items() if not isinstance(r, dict) or not isinstance(r.get(k), t)
+                       or isinstance(r.get(k), bool)]
+                if bad:
+                    what = (f"row {i} is not an index row ({type(r).__name__})" if not isinstance(r, dict) else
+                            f"row {i} lacks {', '.join(bad)} (or has another type there)")
+                    break
+    if what is not None:
+        raise ValueError(f"{p} {what}: it is not the index moe-lab writes; move it away or delete it (this run "
+                         "writes a new one, without the rows of notebooks it does not run)")
 
 
 def stop_kernels() -> list[int]:
