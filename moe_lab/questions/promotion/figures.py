@@ -5,7 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ...reporting.plots import zero_aware_heatmap
+from ...reporting.plots import NEUTRAL, TEXT_PT, ZERO_WORDS, colours, describe, fraction_words, heatmap_words, \
+    message, zero_aware_heatmap
 
 
 def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None, by: str = "release"):
@@ -20,7 +21,8 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None, by: 
         na = "skipped" in r or not r[metric].get("applicable", True)
         row["value"] = float("nan") if na else r[metric]["mismatch_frac"]
         row["label"] = "n/a" if na else ("✓" if r[metric]["bitwise_equal"] and r["rerun"]["bitwise_equal"]
-                                         else f"{r[metric]['mismatch_frac']:.1%}")
+                                         else "0\nrerun differs" if r[metric]["mismatch_frac"] == 0
+                                         else fraction_words(r[metric]["mismatch_frac"]))
         rows.append(row)
     df = pd.DataFrame(rows)
     t = df.pivot(index="release / dispatcher", columns="setting", values="value")
@@ -31,7 +33,11 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None, by: 
     zero_aware_heatmap(t, ax, annot=lab.fillna("n/a"), label=f"{metric} mismatch fraction (worst trial)")
     ax.set_xlabel("")
     ax.set_ylabel("model / dispatcher" if by == "model" else "")
-    ax.set_title(f"{metric}: ✓ = ranks and rerun bitwise equal in every trial; green = 0; grey = n/a", fontsize=10)
+    ax.set_title(f"{metric}: ✓ = ranks and rerun bitwise equal in every trial; {ZERO_WORDS}; grey = n/a", fontsize=10)
+    ticks = int((lab == "✓").sum().sum())
+    describe(ax, f"Heatmap: {metric} mismatch fraction (worst trial) per {'model' if by == 'model' else 'release'} "
+                 f"and dispatcher ({t.shape[0]} rows) and setting ({t.shape[1]} columns: {', '.join(t.columns)}); "
+                 f"{heatmap_words(t, '.1%')}; {ticks} cells where ranks and rerun are bitwise equal in every trial")
     return ax
 
 
@@ -41,23 +47,27 @@ def cost_bars(cost_df: pd.DataFrame, ax=None):
     df = cost_df.copy()
     ax = ax or plt.subplots(figsize=(11, 4))[1]
     if df.empty:
-        ax.text(0.5, 0.5, "no cost measured", ha="center", va="center")
-        ax.set_axis_off()
-        return ax
+        return message("no cost measured", ax)
     df["setting"] = ("router " + df["router_dtype"] + df["probs_fp32_gather"].map({True: " +pf32", False: ""})
                      + df["deterministic"].map({True: " +det", False: ""}))
     df["release / dispatcher"] = df["megatron_core"] + " / " + df["dispatcher"]
     groups = list(dict.fromkeys(df["release / dispatcher"]))
     settings = list(dict.fromkeys(df["setting"]))
     width = 0.8 / max(1, len(groups))
-    for gi, g in enumerate(groups):
+    for gi, (g, colour) in enumerate(zip(groups, colours(len(groups)))):
         sub = df[df["release / dispatcher"] == g].set_index("setting").reindex(settings)
         x = [i + (gi - (len(groups) - 1) / 2) * width for i in range(len(settings))]
         err = [sub["relative_time"] - sub["ci_low"], sub["ci_high"] - sub["relative_time"]]
-        ax.bar(x, sub["relative_time"], width=width, yerr=err, capsize=2, label=g)
+        ax.bar(x, sub["relative_time"], width=width, yerr=err, capsize=2, label=g, color=colour,
+               error_kw=dict(ecolor=NEUTRAL))
     ax.set_xticks(range(len(settings)), settings, rotation=45, ha="right")
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.axhline(1.0, color=NEUTRAL, lw=0.8, ls="--")
     ax.set_ylabel("forward time / plain bf16 forward")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_title("Cost of each setting: median of paired rounds, 95 % interval (router none = A/A noise floor)")
+    hi = df.loc[df["relative_time"].idxmax()]
+    describe(ax, f"Bar chart: forward time of each setting ({len(settings)}) relative to the plain bf16 forward, per "
+                 f"release and dispatcher ({len(groups)}), median with 95 % interval; slowest "
+                 f"{hi['relative_time']:.2f}× "
+                 f"({hi['setting']}, {hi['release / dispatcher']})")
     return ax

@@ -9,9 +9,8 @@ import pandas as pd
 import seaborn as sns
 
 from ...findings.labels import label
-from ...reporting.plots import zero_aware_heatmap
-
-PASS, FAIL = "#3b8a4e", "#c0392b"
+from ...reporting.plots import FAIL, NEUTRAL, PASS, TEXT_PT, ZERO_WORDS, colours, count_words, describe, \
+    heatmap_words, message, zero_aware_heatmap
 
 
 def _kind(records: list[dict], kind: str) -> list[dict]:
@@ -27,8 +26,9 @@ def tolerance(table: list[dict], records: list[dict] | None = None, ax=None):
     the measured |output| of the first cut tokens (median, p99) marked when records are given."""
     df = pd.DataFrame(table)
     ax = ax or plt.subplots(figsize=(8.5, 4.2))[1]
-    ax.step(df.abs_x, df.one_ulp, where="post", color="#1f4e79", label="one bf16 ULP at |x|")
-    ax.plot(df.abs_x, df.tolerance, color="#d35400", label="atol + rtol·|x|  (1e-3, 1e-3)")
+    ulp_colour, tol_colour = colours(2)
+    ax.step(df.abs_x, df.one_ulp, where="post", color=ulp_colour, label="one bf16 ULP at |x|")
+    ax.plot(df.abs_x, df.tolerance, color=tol_colour, ls="--", label="atol + rtol·|x|  (1e-3, 1e-3)")
     ax.fill_between(df.abs_x, df.tolerance, df.one_ulp, where=df.one_ulp > df.tolerance, step="post",
                     color=FAIL, alpha=0.15, label="a one-ULP difference fails allclose")
     ax.set_xscale("log", base=2)
@@ -40,10 +40,19 @@ def tolerance(table: list[dict], records: list[dict] | None = None, ax=None):
     if plain:
         q = plain[0]["abs_quantiles"]
         for name, v, ls in (("median |out|", q["p50"], ":"), ("p99 |out|", q["p99"], "--")):
-            ax.axvline(v, color="0.3", ls=ls, lw=1)
-            ax.text(v, ax.get_ylim()[1], f" {name}\n {v:.3g}", va="top", ha="left", fontsize=8, color="0.3")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("One bf16 ULP vs allclose(atol=rtol=1e-3): a one-ULP difference fails from |x| = 0.25", fontsize=10)
+            ax.axvline(v, color=NEUTRAL, ls=ls, lw=1)
+            ax.text(v, ax.get_ylim()[1], f" {name}\n {v:.3g}", va="top", ha="left", fontsize=TEXT_PT, color=NEUTRAL)
+    ax.legend(loc="lower right", fontsize=TEXT_PT)
+    fails = df[df.one_ulp > df.tolerance]
+    since = f"{fails.abs_x.min():.3g}" if len(fails) else None
+    ax.set_title("One bf16 ULP vs allclose(atol=rtol=1e-3): " + (f"a one-ULP difference fails from |x| = {since}"
+                                                                 if since else "a one-ULP difference always passes"),
+                 fontsize=10)
+    describe(ax, f"Line chart, log-log: one bf16 ULP and the allclose tolerance 1e-3 + 1e-3·|x| against |x| "
+                 f"({df.abs_x.min():g} to {df.abs_x.max():g}); "
+                 + (f"one ULP exceeds the tolerance from |x| = {since} (shaded)" if since else
+                    "one ULP stays within the tolerance everywhere")
+                 + (f"; measured |output| median {q['p50']:.3g}, p99 {q['p99']:.3g}" if plain else ""))
     return ax
 
 
@@ -51,6 +60,8 @@ def expert_rows(records: list[dict]):
     """Rows each expert GEMM receives (all ranks' tokens), with and without tokens[cut:] zeroed, per dispatcher;
     shaded: the experts every zeroed token is routed to."""
     rts = _kind(records, "routing")
+    if not rts:
+        return message("no routing record: rows per expert not measured").figure
     n = _n_experts(rts)
     wide = n > 16  # many experts: one panel per row
     shape = (len(rts), 1) if wide else (1, len(rts))
@@ -63,16 +74,24 @@ def expert_rows(records: list[dict]):
                      for e, c in enumerate(counts)]
         df = pd.DataFrame(rows)
         for e in {e for s in r["zero_tokens"]["expert_sets"] for e in s}:
-            ax.axvspan(e - 0.5, e + 0.5, color=FAIL, alpha=0.1, lw=0)
-        sns.barplot(df, x="expert", y="rows", hue="input", ax=ax,
-                    palette=["#7f8c8d", "#c0392b", "#e59866"][:df.input.nunique()])
+            ax.axvspan(e - 0.5, e + 0.5, color=NEUTRAL, alpha=0.15, lw=0)
+        sns.barplot(df, x="expert", y="rows", hue="input", ax=ax, palette=colours(df.input.nunique()),
+                    saturation=1)
         if wide:
             ax.set_xticks(range(0, n, 4))
             ax.set_xticklabels(range(0, n, 4))
         ax.set_title(f"{r['dispatcher']}, EP={r['world']}: rows M per expert GEMM" + (" " if wide else "\n")
                      + "(shaded: where every zeroed token goes)", fontsize=10)
-        ax.legend(fontsize=8, title=None, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
-    fig.tight_layout()
+        handles, labels = ax.get_legend_handles_labels()
+        ax.get_legend().remove()
+    # one legend for the figure, below it: the inputs are the same in every panel
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False, fontsize=TEXT_PT)
+    fig.tight_layout(rect=(0, 0.07 if not wide else 0.03, 1, 1))
+    describe(fig, f"Bar charts, one per dispatcher ({', '.join(r['dispatcher'] for r in rts)}): rows each of "
+                  f"{n} expert GEMMs receives, for the full input and with tokens[cut:] zeroed; shaded: the experts "
+                  f"every zeroed token goes to (" + "; ".join(
+                      f"{r['dispatcher']}: experts {sorted({e for s in r['zero_tokens']['expert_sets'] for e in s})}"
+                      for r in rts) + ")")
     return fig
 
 
@@ -105,7 +124,8 @@ def kernel_variance(records: list[dict], axes=None):
         df["M (rows in the GEMM)"] = [m * 2 ** (0.04 * (states.index(s) - (len(states) - 1) / 2))
                                       for m, s in zip(df.M, df.state)]
         sns.lineplot(df, x="M (rows in the GEMM)", y="differing elements", hue="state", style="state", markers=True,
-                     dashes=False, ax=ax, hue_order=states, style_order=states, legend=ax is axes[-1])
+                     dashes=False, ax=ax, hue_order=states, style_order=states, legend=ax is axes[-1],
+                     palette=dict(zip(states, colours(len(states)))))
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(df.M)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
@@ -117,13 +137,22 @@ def kernel_variance(records: list[dict], axes=None):
         r0 = sub[0]
         ax.set_title(f"linear_{lin} (K={r0.get('K', '?')}, N={r0.get('N', '?')}): first {r0['m']} rows inside M vs "
                      f"alone\n({r0['kernel']['numel']:,} elements compared)", fontsize=9)
-    axes[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    axes[-1].legend(fontsize=TEXT_PT, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    differ = [f"linear_{r.get('linear', 'fc1')} {_state(r)} at M={r['M']:,}: {r['kernel']['n_mismatch']:,}" for r in ks
+              if r["kernel"]["n_mismatch"]]
+    describe(axes, f"Line charts, one per expert linear ({', '.join('linear_' + x for x in linears)}): elements of "
+                   f"the first rows of a GEMM whose bits change when it gets M rows instead of those rows alone, "
+                   f"against M ({len({r['M'] for r in ks})} sizes, log axis), per state ({', '.join(states)}); "
+                   + count_words(len(ks) - len(differ), len(ks), "GEMMs bitwise equal")
+                   + (f"; differing: {'; '.join(differ)}" if differ else ""))
     return axes
 
 
 def token_mismatch_map(records: list[dict], ax=None):
     """Per case (row) and token (column) of the first `cut`: fraction of hidden elements whose bits change."""
     cs = [r for r in _kind(records, "case") if r.get("available")]
+    if not cs:
+        return message("no truncation case ran here", ax)
     mat = pd.DataFrame([r["token_mismatch_frac"] for r in cs], index=[_row(r, cs) for r in cs])
     ax = ax or plt.subplots(figsize=(10, 0.32 * len(cs) + 1.6))[1]
     zero_aware_heatmap(mat, ax, annot=False, label="fraction of hidden elements differing")
@@ -132,6 +161,11 @@ def token_mismatch_map(records: list[dict], ax=None):
     ax.set_ylabel("")
     ax.set_title("Where the first tokens change (EMULATED rows are CPU emulations of GPU behaviour)", fontsize=10)
     ax.tick_params(axis="y", labelsize=8)
+    equal = int((mat.fillna(0) == 0).all(axis=1).sum())
+    describe(ax, f"Heatmap: fraction of hidden elements whose bits change, per case ({mat.shape[0]} rows) and token "
+                 f"(the first {mat.shape[1]}), truncated against full input ({ZERO_WORDS}); "
+                 f"{count_words(equal, mat.shape[0], 'cases bitwise equal at every token')}; "
+                 f"{heatmap_words(mat, '.1%')}")
     return ax
 
 
@@ -146,13 +180,17 @@ def _row(r: dict, cs: list[dict]) -> str:
 
 
 def remedy_effect_cost(records: list[dict], ax=None):
-    """Grid: remedy (rows) x dispatcher/emulation (columns); green = first tokens bitwise equal and rerun equal,
-    red = not; text = what differs and the forward time relative to the same setting without remedy."""
+    """Grid: remedy (rows) x dispatcher/emulation (columns); PASS (blue, ✓) = first tokens bitwise equal and rerun
+    equal, FAIL (vermillion, ✗) = not; text = what differs and the forward time relative to the same setting without
+    remedy."""
     cs = [r for r in _kind(records, "case") if r.get("available")]
+    if not cs:
+        return message("no remedy case ran here", ax)
     rows = []
     for r in cs:
         ok = r["truncation"]["bitwise_equal"] and r["rerun"]["bitwise_equal"]
-        what = "bitwise equal" if r["truncation"]["bitwise_equal"] else f"{r['truncation']['n_mismatch']:,} differ"
+        what = ("✓ " if ok else "✗ ") + ("bitwise equal" if r["truncation"]["bitwise_equal"]
+                                         else f"{r['truncation']['n_mismatch']:,} differ")
         if not r["rerun"]["bitwise_equal"]:
             what += "\nrerun differs"
         c = r.get("cost") or {}
@@ -172,9 +210,15 @@ def remedy_effect_cost(records: list[dict], ax=None):
                 linecolor="white", ax=ax, annot_kws={"fontsize": 8, "color": "white"}, mask=val.isna())
     ax.set_xlabel("")
     ax.set_ylabel("")
-    ax.set_title("Remedies: effect (green = first tokens and rerun bitwise equal in every trial) and cost (× plain "
-                 "forward, 95 % CI; remedy none = A/A noise floor)",
+    ax.set_title("Remedies: effect (blue ✓ = first tokens and rerun bitwise equal in every trial, vermillion ✗ = not) "
+                 "and cost\n(× plain forward, 95 % CI; remedy none = A/A noise floor)",
                  fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
+    ok = df[df["ok"] == 0.0]
+    where = "; ".join(f"{a} on {' '.join(b.split())}" for a, b in zip(ok.remedy, ok.setting))
+    describe(ax, f"Grid: remedy ({len(order)} rows) by dispatcher and emulation ({len(cols)} columns); "
+                 f"{count_words(len(ok), len(df), 'cells')} keep the first tokens and the rerun bitwise equal in every "
+                 f"trial" + (f" ({where})" if where else "") + "; each cell gives what differs and the forward time "
+                 "against the same setting without remedy")
     return ax
 
