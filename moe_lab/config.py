@@ -14,11 +14,54 @@ LAUNCHERS = ("local", "mpi", "slurm", "ssh")  # ipyparallel engine launchers (it
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest timeout the lab takes (a week; flags and profiles alike): larger values overflow the timers of zmq and
 threading (`--timeout 1e20` once became a cluster fault of rank 0)."""
+MIN_SECONDS = 1.0
+"""The shortest timeout the lab takes: timeouts are what engine calls and collectives may wait, and a process group's
+is whole microseconds, so a timeout of 1e-300 s starts the engines and ends as a cluster fault (exit 3), not as bad
+input (exit 2)."""
+SECONDS_RULE = f"finite, >= {MIN_SECONDS:g} and <= {MAX_SECONDS:.0f} (a week)"
+MAX_DIM = 2**24
+"""The largest size of a layer's dimension (hidden, experts, top-k, ffn, tokens per rank): 16 777 216. One such
+dimension times another is already more than any machine holds; beyond it a plan's numbers mean nothing."""
+MAX_REPEATS = 10_000
+"""The most repetitions of anything (trials, timing rounds, reruns, training steps, stacked layers): more is a typo
+— one case would run for days."""
+MAX_SEED = 2**63 - 1
+"""Seeds are 0..2**63-1: torch's generators take a signed 64-bit seed."""
+MAX_RANKS_PER_GPU = 16
+"""The most ranks that may share one GPU (virtual EP over gloo): the seed report's EP=4 on one GPU uses 4; 16 ranks
+each hold a CUDA context (~0.5 GiB) and their share of the layer, and more turns a GPU run into a scheduling test."""
+ENGINES_PER_CPU = 4
+"""CPU engines per CPU this process may use (`max_cpu_engines`): every engine is a Python process with torch and
+megatron-core imported (~0.5 GiB) that spins in gloo collectives; the lab's largest CPU runs are 8 engines on 2 cores
+(the fault tests), and hundreds of engines on one machine only exhaust its processes and memory."""
 
 
 def seconds_ok(v) -> bool:
-    """The timeout rule, stated once: a real number of seconds, finite, in (0, MAX_SECONDS] (NaN and bools fail)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_SECONDS
+    """The timeout rule, stated once: a real number of seconds in [MIN_SECONDS, MAX_SECONDS] (NaN, infinities and
+    bools fail)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and MIN_SECONDS <= v <= MAX_SECONDS
+
+
+def check_seconds(name: str, value) -> float:
+    """`value` as seconds by `seconds_ok`, or a ValueError naming `name`, the value and the rule."""
+    if not seconds_ok(value):
+        raise ValueError(f"{name} ({value!r}) must be a number of seconds, {SECONDS_RULE}")
+    return float(value)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says it, e.g. under Slurm or taskset)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def max_cpu_engines() -> int:
+    """The most CPU engines one machine starts: ENGINES_PER_CPU x its usable CPUs."""
+    return ENGINES_PER_CPU * usable_cpus()
 
 
 def check_cut(cut, seq_len: int, name: str = "cut") -> int:
@@ -41,9 +84,17 @@ def check_choice(name: str, value, allowed) -> None:
         raise ValueError(f"{name} ({value!r}) must be one of {', '.join(map(repr, allowed))}")
 
 
-def check_positive(name: str, value) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} ({value!r}) must be a positive integer")
+def check_positive(name: str, value, most: int | None = None) -> None:
+    """A whole number >= 1 (and <= `most` where given), or a ValueError naming `name`, the value and the rule."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (most is not None and value > most):
+        raise ValueError(f"{name} ({value!r}) must be a positive integer" + (f" <= {most}" if most else ""))
+
+
+def check_count(name: str, value, *, least: int = 1, most: int = MAX_REPEATS, zero: str = "") -> None:
+    """A whole number in least..most (`zero`: what 0 means, said in the message when 0 is allowed)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= most:
+        what = f"0 ({zero}) or a positive integer <= {most}" if zero else f"an integer in {least}..{most}"
+        raise ValueError(f"{name} ({value!r}) must be {what}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,12 +158,11 @@ class MoEConfig:
 
     def __post_init__(self):
         for name in ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len"):
-            check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name), MAX_DIM)
         for name in ("probs_fp32_gather", "deterministic", "pre_softmax", "expert_bias", "gated", "pad_to_capacity"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be True or False")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed ({self.seed!r}) must be an integer")
+        check_count("seed", self.seed, least=0, most=MAX_SEED)
         if isinstance(self.options, list):  # from JSON
             object.__setattr__(self, "options", tuple(self.options))
         if not isinstance(self.options, tuple) or any(o not in MEGATRON_OPTIONS for o in self.options):
@@ -130,9 +180,7 @@ class MoEConfig:
         check_choice("score_function", self.score_function, SCORE_FUNCTIONS)
         check_choice("drop_policy", self.drop_policy, DROP_POLICIES)
         for name in ("num_groups", "group_topk", "shared_ffn"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"{name} ({v!r}) must be 0 (off) or a positive integer")
+            check_count(name, getattr(self, name), least=0, most=MAX_DIM, zero="off")
         for name in ("topk_scaling_factor", "capacity_factor"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
@@ -250,12 +298,16 @@ class ClusterConfig:
             raise ValueError(f"ranks_per_gpu ({self.ranks_per_gpu}) must be 1 on device 'cpu'")
         if self.engines % self.ranks_per_gpu:
             raise ValueError(f"engines ({self.engines}) must be a multiple of ranks_per_gpu ({self.ranks_per_gpu})")
+        if self.ranks_per_gpu > MAX_RANKS_PER_GPU:
+            raise ValueError(f"ranks_per_gpu ({self.ranks_per_gpu}) must be <= {MAX_RANKS_PER_GPU}: {self.engines} "
+                             f"engines on {self.engines // self.ranks_per_gpu} GPU(s) would put {self.ranks_per_gpu} "
+                             f"ranks on each; give at most {MAX_RANKS_PER_GPU} engines per GPU, or more GPUs")
+        if self.device == "cpu" and self.launcher == "local" and self.engines > max_cpu_engines():
+            raise ValueError(f"engines ({self.engines}) must be <= {max_cpu_engines()} on this machine's "
+                             f"{usable_cpus()} CPU(s) ({ENGINES_PER_CPU} CPU engines per CPU at most): give fewer "
+                             "engines, or a launcher that starts them on other machines (mpi, slurm, ssh)")
         for name in ("timeout_s", "start_timeout_s"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                raise ValueError(f"{name} ({v!r}) must be a number of seconds")
-        if not self.timeout_s > 0 or not self.start_timeout_s > 0:
-            raise ValueError(f"timeout_s ({self.timeout_s}) and start_timeout_s ({self.start_timeout_s}) must be > 0")
+            check_seconds(name, getattr(self, name))
 
     def replace(self, **changes) -> "ClusterConfig":
         return dataclasses.replace(self, **changes)

@@ -17,7 +17,7 @@ class Section:
 
     @classmethod
     def from_dict(cls, d: dict | None, where: str = "parameters"):
-        d = d or {}
+        d = {} if d is None else d
         if not isinstance(d, dict):
             raise ValueError(f"{where}: {cls.KEY} ({d!r}) must be a JSON object of {sorted(cls.__dataclass_fields__)}")
         d = {k: v for k, v in d.items() if not k.startswith("_")}
@@ -25,10 +25,18 @@ class Section:
         if unknown:
             raise ValueError(f"{where}: {cls.KEY} has unknown key(s) {sorted(unknown)}; allowed: "
                              f"{sorted(cls.__dataclass_fields__)}")
-        return cls(**d)
+        try:
+            return cls(**d)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
     def asdict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def check_world(self, config, ccfg) -> None:
+        """The rules that need the run's other sections and its cluster (a layout against the world and the experts,
+        tokens against the ranks): `config` is the run's `RunConfig`, `ccfg` the `ClusterConfig` it will start.
+        Raises a one-line ValueError naming the key; a question without such rules has nothing to check."""
 
 
 def as_tuple(obj, name: str):
@@ -43,9 +51,9 @@ def as_tuple(obj, name: str):
 def tuple_of(obj, name: str, kind: type, allowed=None) -> tuple:
     """obj.name as a non-empty tuple of distinct `kind` values (from allowed); a JSON list becomes a tuple."""
     v = as_tuple(obj, name)
-    ok = (isinstance(v, tuple) and v and len(set(v)) == len(v)
+    ok = (isinstance(v, tuple) and v
           and all(isinstance(x, kind) and (kind is not int or (not isinstance(x, bool) and x > 0)) for x in v)
-          and (allowed is None or all(x in allowed for x in v)))
+          and len(set(v)) == len(v) and (allowed is None or all(x in allowed for x in v)))
     if not ok:
         what = "positive integers" if kind is int else f"{kind.__name__} values"
         raise ValueError(f"{obj.KEY}.{name} ({v!r}) must be a non-empty list of distinct {what}"

@@ -8,8 +8,8 @@ import types
 from importlib import resources
 from pathlib import Path
 
-from .config import (DISPATCHERS, LAUNCHERS, MAX_SECONDS, ROUTER_DTYPES, MoEConfig,
-                     check_cut, seconds_ok)
+from .config import (DISPATCHERS, LAUNCHERS, MAX_RANKS_PER_GPU, MAX_REPEATS, ROUTER_DTYPES, SECONDS_RULE,
+                     MoEConfig, check_cut, seconds_ok)
 from .params import Flat
 from .questions import QUESTIONS, params_types
 from .run_config import CLUSTER_KEYS, MOE_KEYS, RUN_KEYS, ClusterSettings, RunConfig, RunSettings, freeze
@@ -28,24 +28,70 @@ _KNOWN = set(_MOE_KEYS) | _COMMON | FLAT_KEYS | set(SECTIONS)
 or its own object)."""
 
 
+MAX_PROFILE_BYTES = 16 * 2**20
+"""A profile is a small JSON file; a larger one is not a profile (and reading it would be the first thing to hang)."""
+
+
+def locate(name_or_path: str) -> str:
+    """A built-in profile's name as it is, or a profile file's absolute path (a relative path is resolved against
+    the caller's working directory here: a notebook's kernel runs in notebooks/, where it would name another file or
+    none). A path that is not a readable regular file is refused in one line naming it."""
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ValueError(f"profile ({name_or_path!r}) is empty: give one of {', '.join(PROFILES)} or a JSON file")
+    if name_or_path in PROFILES:
+        return name_or_path
+    p = Path(name_or_path).expanduser()
+    try:
+        p = p.resolve()
+        mode = p.stat().st_mode
+    except OSError as e:
+        raise ValueError(f"profile ({name_or_path!r}) must be one of {', '.join(PROFILES)} or a JSON file; "
+                         f"{p}: {e.strerror or type(e).__name__}") from None
+    except RuntimeError:  # a symlink loop
+        raise ValueError(f"profile ({name_or_path!r}): the path is a symlink loop; give a JSON file") from None
+    import stat
+
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, socket or device)"
+        raise ValueError(f"profile ({name_or_path!r}): {p} is {kind}; give one of {', '.join(PROFILES)} or a JSON "
+                         "file")
+    return str(p)
+
+
 def load(name_or_path: str, overrides: dict | None = None) -> RunConfig:
     """A profile (a built-in name or a JSON file) with `overrides` (flat keys or `section.field`) applied, checked and
     parsed once into a `RunConfig`. Neither the file's dict nor `overrides` is changed."""
-    if name_or_path in PROFILES:
-        text = resources.files("moe_lab").joinpath(f"profiles/{name_or_path}.json").read_text()
-        where = f"profile {name_or_path!r}"
+    where = locate(name_or_path)
+    if where in PROFILES:
+        text = resources.files("moe_lab").joinpath(f"profiles/{where}.json").read_text()
+        where = f"profile {where!r}"
     else:
-        p = Path(name_or_path)
-        if not p.is_file():
-            raise ValueError(f"profile ({name_or_path!r}) must be one of {', '.join(PROFILES)} or a JSON file")
-        text, where = p.read_text(), str(p)
+        text = _read_profile(Path(where))
     try:
         params = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{where} is not a profile: its JSON nests too deep") from None
     if not isinstance(params, dict):
         raise ValueError(f"{where} must hold a JSON object of parameters, found {type(params).__name__}")
     return parse({k: v for k, v in params.items() if not k.startswith("_")}, overrides, where)
+
+
+def _read_profile(p: Path) -> str:
+    try:
+        size = p.stat().st_size
+        if size > MAX_PROFILE_BYTES:
+            raise ValueError(f"{p} is {size / 2**20:.0f} MiB; a profile is a JSON file of at most "
+                             f"{MAX_PROFILE_BYTES // 2**20} MiB")
+        data = p.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{p} cannot be read ({e.strerror or type(e).__name__}); give a readable JSON file") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}); save the profile "
+                         "as UTF-8 JSON") from None
 
 
 def _translation() -> dict[str, dict[str, tuple[str, ...]]]:
@@ -138,9 +184,11 @@ def check(params: dict, where: str = "parameters") -> tuple[MoEConfig, dict]:
             vals = params[key] = [v for v in vals.split(",") if v]
         if not isinstance(vals, list):
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
-        bad = [v for v in vals if v not in allowed]
+        bad = [v for v in vals if not isinstance(v, str) or v not in allowed]
         if bad or not vals:
             raise ValueError(f"{where}: {key} ({vals!r}) must be a non-empty list of {', '.join(allowed)}")
+        if len(set(vals)) != len(vals):
+            raise ValueError(f"{where}: {key} ({vals!r}) names a value twice; give each once")
     try:
         layer = base_moe(params)  # MoEConfig checks sizes (and a preset, its scale)
     except ValueError as e:
@@ -155,19 +203,26 @@ def check(params: dict, where: str = "parameters") -> tuple[MoEConfig, dict]:
                 params[key] = list(getattr(typed, key))
     for key in ("trials", "cost_rounds", "gpus", "tp"):
         v = params.get(key, 1)
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "cost_rounds" else 1):
-            raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer")
+        if not isinstance(v, int) or isinstance(v, bool) or not (0 if key == "cost_rounds" else 1) <= v <= MAX_REPEATS:
+            raise ValueError(f"{where}: {key} ({v!r}) must be a positive integer <= {MAX_REPEATS}")
     if params.get("device") not in ("cpu", "cuda"):
         raise ValueError(f"{where}: device ({params.get('device')!r}) must be 'cpu' or 'cuda'")
     for key in ("timeout_s", "start_timeout_s"):
         t = params.get(key, 120)
         if not seconds_ok(t):
-            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds "
-                             f"(finite, <= {MAX_SECONDS:.0f})")
-    for key in ("engines", "one_gpu_engines"):
+            raise ValueError(f"{where}: {key} ({t!r}) must be a positive number of seconds ({SECONDS_RULE})")
+    for key, most in (("engines", MAX_REPEATS), ("one_gpu_engines", MAX_RANKS_PER_GPU)):
         e = params.get(key, 0)
-        if not isinstance(e, int) or isinstance(e, bool) or e < 0:
-            raise ValueError(f"{where}: {key} ({e!r}) must be a positive integer (0 = the device's default)")
+        if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e <= most:
+            raise ValueError(f"{where}: {key} ({e!r}) must be a positive integer <= {most} (0 = the device's "
+                             "default)")
+    for key in ("megatron", "wheels", "model"):  # names and paths: text, or null for none
+        v = params.get(key)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise ValueError(f"{where}: {key} ({v!r}) must be " + {
+                "megatron": "a release installed side by side, X.Y.Z (e.g. \"0.12.3\"), or null for the installed one",
+                "wheels": "a folder of wheels (a path), or null",
+                "model": "a preset's name (e.g. \"qwen3-30b-a3b\"), or null for the profile's sizes"}[key])
     if params.get("launcher", "local") not in LAUNCHERS:
         raise ValueError(f"{where}: launcher ({params['launcher']!r}) must be one of {', '.join(map(repr, LAUNCHERS))}")
     if not isinstance(params.get("launcher_options", {}), dict):
@@ -187,16 +242,16 @@ def base_moe(params: dict, **changes) -> MoEConfig:
     """The notebooks' base layer: the profile's sizes, or with `model` a preset's layer (`moe_lab.models`, scaled by
     `scale`; the preset decides hidden, experts, top-k, ffn and the router's features, the profile only seq_len and
     seed; its tp is the run's layout, `RunConfig.layout`)."""
+    scale = params.get("scale", 1.0)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise ValueError(f"scale ({scale!r}) must be a number in (0, 1], e.g. 0.125")
     if params.get("model") is not None:
         from . import models
 
         kw = {k: params[k] for k in ("seq_len", "seed") if k in params}
         kw.update(changes)
-        scale = params.get("scale", 1.0)
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-            raise ValueError(f"scale ({scale!r}) must be a number in (0, 1], e.g. 0.125")
         return models.moe_config(params["model"], scale, **kw)
-    if params.get("scale", 1.0) != 1.0:
+    if scale != 1.0:
         raise ValueError(f"scale ({params['scale']!r}) needs model (it scales a preset), e.g. -p model=qwen3-30b-a3b")
     kw = {k: params[k] for k in _MOE_KEYS if k in params}
     kw.update(changes)

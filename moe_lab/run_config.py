@@ -147,6 +147,25 @@ class RunConfig:
         world (resolved when the world is known, `Layout.on`)."""
         return Layout(tp=self.run.tp, ep=0)
 
+    def check_world(self, ccfg, notebooks=None) -> None:
+        """The rules that need the cluster the run will start (`ccfg`, a ClusterConfig): the run's layout on its
+        world and layer, then each question's own (`params.Section.check_world`: its layouts against the world and
+        the experts, training tokens against the ranks, ...) for the questions of `notebooks` (their numbers; None:
+        every question). One-line ValueError naming the key; nothing is started."""
+        from .questions import QUESTIONS
+
+        try:
+            self.layout.on(ccfg.engines).check_layer(self.layer)
+        except ValueError as e:
+            raise ValueError(f"{self.where}: the layer on {ccfg.engines} engines: {e}") from None
+        for q in QUESTIONS:
+            if q.params is None or (notebooks is not None and q.number not in notebooks):
+                continue
+            try:
+                self.questions[q.params].check_world(self, ccfg)
+            except ValueError as e:
+                raise ValueError(f"{self.where}: notebook {q.number}: {e}") from None
+
     def moe(self, **changes) -> MoEConfig:
         """The base layer, with `changes`."""
         return self.layer.replace(**changes) if changes else self.layer

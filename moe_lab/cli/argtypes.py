@@ -1,16 +1,18 @@
 """The types of `moe-lab`'s flags: each value is checked where it is parsed, so bad input is one line and exit 2
-before anything starts — counts >= 1, finite timeouts a timer can hold, non-empty names, notebook lists
-without repeats."""
+before anything starts — counts in range, finite timeouts a timer can hold (whole seconds where papermill needs
+them), finite amounts of memory, non-empty names, notebook lists without repeats. The rule of a value that an API
+also takes lives in `moe_lab.config` (`seconds_ok`, MAX_DIM, ...) and is called from here."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
-from ..config import MAX_SECONDS, seconds_ok
+from ..config import MAX_SECONDS, SECONDS_RULE, seconds_ok
 
 
-def count(lo: int = 1):
-    """An int flag >= lo (a count of trials, engines, GPUs, rounds; a layer size)."""
+def count(lo: int = 1, hi: int | None = None):
+    """An int flag in lo..hi (a count of trials, engines, GPUs, rounds; a layer size)."""
     def parse(s: str) -> int:
         try:
             v = int(s)
@@ -18,19 +20,43 @@ def count(lo: int = 1):
             raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
         if v < lo:
             raise argparse.ArgumentTypeError(f"{v} must be >= {lo}")
+        if hi is not None and v > hi:
+            raise argparse.ArgumentTypeError(f"{v} must be <= {hi}")
         return v
     return parse
 
 
 def seconds(s: str) -> float:
-    """A timeout flag: a finite number of seconds in (0, MAX_SECONDS] (config.seconds_ok)."""
+    """A timeout flag: a number of seconds by `config.seconds_ok` (finite, in [MIN_SECONDS, MAX_SECONDS])."""
     try:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
     if not seconds_ok(v):
-        raise argparse.ArgumentTypeError(f"{s!r}: seconds must be finite, > 0 and <= {MAX_SECONDS:.0f} (a week)")
+        raise argparse.ArgumentTypeError(f"{s!r}: seconds must be {SECONDS_RULE}")
     return v
+
+
+def whole_seconds(s: str) -> int:
+    """A timeout that papermill takes (its execution_timeout is an int): `seconds`, rounded up to whole seconds."""
+    return math.ceil(seconds(s))
+
+
+def number(what: str, *, above: float | None = None, least: float | None = None, most: float | None = None):
+    """A finite real number flag (GiB of memory, TFLOP/s, a ratio): > above, >= least, <= most where given."""
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a number ({what})") from None
+        ok = (math.isfinite(v) and (above is None or v > above) and (least is None or v >= least)
+              and (most is None or v <= most))
+        if not ok:
+            rule = ", ".join(f"{op} {bound:.15g}" for op, bound in (("> ", above), (">=", least), ("<=", most))
+                             if bound is not None).replace(">  ", "> ")
+            raise argparse.ArgumentTypeError(f"{s!r}: {what} must be finite" + (f", {rule}" if rule else ""))
+        return v
+    return parse
 
 
 def nonempty(what: str):
@@ -52,7 +78,7 @@ def notebooks(s: str) -> str:
     return ",".join(want)
 
 
-__all__ = ["count", "seconds", "nonempty", "notebooks", "MAX_SECONDS"]
+__all__ = ["count", "seconds", "whole_seconds", "number", "nonempty", "notebooks", "MAX_SECONDS"]
 
 
 def model(s: str) -> str:

@@ -22,7 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .argtypes import notebooks as _notebooks, nonempty as _nonempty, seconds as _seconds
+from .argtypes import notebooks as _notebooks, nonempty as _nonempty, whole_seconds as _whole_seconds
 from .options import add_launcher_arguments, kv as _kv, launcher_kwargs
 
 logger = logging.getLogger("moe_lab")
@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", dest="params", type=_kv, action="append", default=[], help="override a parameter: key=value or section.field=value (e.g. training.steps=5, layer.seq_len=256, run.trials=2)")
     r.add_argument("--out", default=None, help="output dir (default reports/<profile>-<date>, git-ignored; never reports/published/ "
                    "or a folder of files git tracks)")
-    r.add_argument("--timeout", type=_seconds, default=None, help="seconds per notebook (default 1800)")
+    r.add_argument("--timeout", type=_whole_seconds, default=None, help="seconds per notebook (default 1800; whole "
+                   "seconds, a fraction is rounded up)")
     add_launcher_arguments(r)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")
@@ -145,7 +146,37 @@ def cmd_run(a) -> int:
 
     overrides = dict(a.params)
     overrides.update(launcher_kwargs(a))
-    return runner.run_all(profile=a.profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
+    profile = check_run(a, overrides)
+    return runner.run_all(profile=profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
+
+
+def check_run(a, overrides: dict) -> str:
+    """Everything `moe-lab run` is given, checked at once before any kernel or engine starts (a ValueError, one line,
+    exit 2): --out, the profile file, every key of every question's parameters with the -p overrides, --only, the
+    cluster the run will start (engines against the machine, the launcher and its options) and what each chosen
+    question's parameters need of it (`RunConfig.check_world`), and the memory of CPU engines. Paths are handed on
+    absolute (the kernels run in notebooks/): the profile's is returned, a relative `wheels` is made absolute in
+    `overrides`."""
+    from .. import profiles
+    from ..controller.placement import from_settings
+    from ..tools import preflight
+    from ..reporting import runner
+
+    runner.check_out(a.out)
+    profile = profiles.locate(a.profile) if a.profile is not None else runner.default_profile()
+    for key in ("wheels", "cluster.wheels"):
+        if isinstance(overrides.get(key), str) and overrides[key].strip():
+            overrides[key] = str(Path(overrides[key]).expanduser().resolve())
+    config = profiles.load(profile, overrides)
+    wheels = config.cluster.wheels
+    if wheels is not None and not Path(wheels).expanduser().is_dir():
+        raise ValueError(f"wheels ({wheels!r}) is not a folder: give the folder `moe-lab wheelhouse -o DIR` made, or "
+                         "leave wheels out (releases then come from the package index)")
+    chosen = [num for num, _ in runner.select(a.only)]
+    ccfg = from_settings(config.cluster)
+    config.check_world(ccfg, chosen)
+    preflight.check_host_memory([config.layer], ccfg, cut=config.run.cut, layout=config.layout)
+    return profile
 
 
 def cmd_lab(a) -> int:

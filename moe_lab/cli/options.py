@@ -7,10 +7,17 @@ import argparse
 import json
 
 
-def kv(s: str) -> tuple[str, object]:
+def kv(s: str, flag: str = "-p", example: str = "-p seq_len=256") -> tuple[str, object]:
+    """key=value, the value as JSON where it is JSON (a number, a list, an object, true/null) and as text otherwise.
+    An empty key or value is refused: leaving the key out is how to keep the profile's value."""
     if "=" not in s:
-        raise argparse.ArgumentTypeError(f"-p {s!r}: expected key=value, e.g. -p seq_len=256")
+        raise argparse.ArgumentTypeError(f"{flag} {s!r}: expected key=value, e.g. {example}")
     k, v = s.split("=", 1)
+    if not k.strip():
+        raise argparse.ArgumentTypeError(f"{flag} {s!r}: the key is empty; expected key=value, e.g. {example}")
+    if not v.strip():
+        raise argparse.ArgumentTypeError(f"{flag} {s!r}: the value of {k.strip()!r} is empty; give a value, or leave "
+                                         f"{flag} {k.strip()}=... out for the profile's")
     try:
         val = json.loads(v)
     except json.JSONDecodeError:
@@ -19,10 +26,7 @@ def kv(s: str) -> tuple[str, object]:
 
 
 def launcher_option(s: str) -> tuple[str, object]:
-    if "=" not in s:
-        raise argparse.ArgumentTypeError(f"--launcher-option {s!r}: expected key=value, e.g. "
-                                         "--launcher-option 'mpi_args=[\"--oversubscribe\"]'")
-    return kv(s)
+    return kv(s, "--launcher-option", "--launcher-option 'mpi_args=[\"--oversubscribe\"]'")
 
 
 def add_launcher_arguments(p: argparse.ArgumentParser) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from .argtypes import count, layout, model, scale
+from ..config import MAX_DIM
+from .argtypes import count, layout, model, number, scale
 
 
 def add_arguments(p):
@@ -18,10 +19,11 @@ def add_arguments(p):
     p.add_argument("--world", type=count(), default=None, help="ranks (default the layout's smallest world)")
     p.add_argument("--gpus", type=count(), default=None, help="GPUs; fewer than ranks = ranks share them (virtual EP)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
-    p.add_argument("--seq", type=count(2), default=None, help="tokens per rank (default the layer's)")
+    p.add_argument("--seq", type=count(2, MAX_DIM), default=None, help="tokens per rank (default the layer's)")
     p.add_argument("--dispatcher", default="allgather,alltoall", help="comma list")
     p.add_argument("--router-dtype", default="none", help="comma list: none,fp32,fp64")
-    p.add_argument("--gpu-memory", type=float, default=None, help="GiB per GPU: say whether it fits (exit 2 if not)")
+    p.add_argument("--gpu-memory", type=number("GiB per GPU", above=0, most=2**20), default=None,
+                   help="GiB per GPU: say whether it fits (exit 2 if not)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(_choices=(DISPATCHERS, ROUTER_DTYPES))
 

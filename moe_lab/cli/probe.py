@@ -7,7 +7,9 @@ import argparse
 import json
 import sys
 
-from .argtypes import count as _count, model_list as _models, scale as _scale, seconds as _seconds
+from ..config import MAX_DIM, MAX_REPEATS
+from .argtypes import (count as _count, model_list as _models, nonempty as _nonempty, scale as _scale,
+                       seconds as _seconds)
 from .options import add_launcher_arguments, launcher_kwargs
 
 
@@ -29,15 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ranks (= EP x TP); default one per GPU (cuda) or 4 (cpu). On cuda a multiple of the GPUs: "
                         "k x GPUs puts k ranks on each GPU over gloo (virtual EP)")
     p.add_argument("--gpus", type=_count(), default=None, help="cuda: GPUs to use (default all visible)")
-    p.add_argument("--trials", type=_count(), default=None,
+    p.add_argument("--trials", type=_count(1, MAX_REPEATS), default=None,
                    help="trials of each comparison (default 5 on cuda, 3 on cpu)")
     p.add_argument("--dispatcher", type=_csv(DISPATCHERS), default=["allgather"], help="comma list")
     p.add_argument("--router-dtype", type=_csv(ROUTER_DTYPES), default=["none"], help="comma list: none,fp32,fp64")
-    p.add_argument("--hidden", type=_count(), default=256)
-    p.add_argument("--experts", type=_count(), default=8)
-    p.add_argument("--topk", type=_count(), default=4)
-    p.add_argument("--ffn", type=_count(), default=512)
-    p.add_argument("--seq", type=_count(2), default=128)
+    p.add_argument("--hidden", type=_count(1, MAX_DIM), default=256)
+    p.add_argument("--experts", type=_count(1, MAX_DIM), default=8)
+    p.add_argument("--topk", type=_count(1, MAX_DIM), default=4)
+    p.add_argument("--ffn", type=_count(1, MAX_DIM), default=512)
+    p.add_argument("--seq", type=_count(2, MAX_DIM), default=128)
     p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--tp", type=_count(), default=1)
@@ -48,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                "all (moe-lab preflight lists what each runs): e.g. "
                                                                "qwen3-30b-a3b,deepseek-v3")
     p.add_argument("--scale", type=_scale, default=1.0, help="with --model: shrink hidden and ffn (e.g. 0.125)")
-    p.add_argument("--megatron", default=None, help="a release installed with `moe-lab versions install`")
+    p.add_argument("--megatron", type=_nonempty("--megatron"), default=None,
+                   help="a release installed with `moe-lab versions install`")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
     p.add_argument("--start-timeout", type=_seconds, default=120.0,
                    help="seconds for the engines to start and register (a Slurm job may wait in the queue)")
@@ -80,15 +83,18 @@ def _configs(a) -> list:
     return cfgs
 
 
-def cmd(a) -> int:
+def check(a):
+    """Everything `moe-lab probe` is given, checked before torch is imported or anything starts (a ValueError, one
+    line, exit 2): the layers, the cut, the release, the cluster (engines against this machine's CPUs or GPUs, the
+    launcher and its options), the layout on the world, and the memory the ranks need (per GPU, or of the machine
+    for CPU engines). Returns (layers, ClusterConfig, layout). Only device 'cuda' (or none given) imports torch here,
+    to count the GPUs."""
     from ..controller import placement
-    from ..controller.cluster import Cluster
     from ..controller.launchers import launcher_settings
-    from ..experiments import probe, protocol
     from ..layout import Layout
+    from ..tools import preflight, scale_plan
 
     cfgs = _configs(a)
-    release = a.megatron or protocol.INSTALLED
     if a.megatron:
         from ..release_dirs import path_for
 
@@ -97,13 +103,26 @@ def cmd(a) -> int:
                                     start_timeout_s=a.start_timeout, deterministic=a.deterministic,
                                     **launcher_kwargs(a))
     launcher_settings(ccfg)  # a bad option or a missing mpiexec/sbatch/ssh: exit 2 before anything starts
-    trials = a.trials or (5 if ccfg.device == "cuda" else 3)
     layout = Layout(tp=a.tp, ep=0)  # the experts over the rest of the world
-    cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release, layout=layout) for cfg in cfgs]
-    protocol.check_all(cases, ccfg)  # everything checkable is checked before engines start
-    from ..tools import scale_plan
-
+    for cfg in cfgs:
+        try:
+            layout.on(ccfg.engines).check_layer(cfg)
+        except ValueError as e:
+            raise ValueError(f"--engines {ccfg.engines}, --tp {a.tp}: {e}") from None
     scale_plan.check_memory(cfgs, ccfg, cut=a.cut, layout=layout)
+    preflight.check_host_memory(cfgs, ccfg, cut=a.cut, layout=layout)
+    return cfgs, ccfg, layout
+
+
+def cmd(a) -> int:
+    cfgs, ccfg, layout = check(a)
+    from ..controller.cluster import Cluster
+    from ..experiments import probe, protocol
+
+    release = a.megatron or protocol.INSTALLED
+    trials = a.trials or (5 if ccfg.device == "cuda" else 3)
+    cases = [probe.case(cfg, cut=a.cut, trials=trials, release=release, layout=layout) for cfg in cfgs]
+    protocol.check_all(cases, ccfg)  # the release's features, each case against the world once more
     with Cluster(ccfg) as c:
         if not a.json:
             print(f"# cluster ready in {c.timings['ready_s']:.1f} s: {c.config.placement}, {c.summary()}",

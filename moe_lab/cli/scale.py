@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..tools.scale import DEEPSEEK_V3_MOE_LAYERS, DEFAULT_RESERVE_BYTES, DEFAULT_TFLOPS, GIB, check_ep, presets
+from ..config import MAX_DIM
+from ..tools.scale import (DEEPSEEK_V3_MOE_LAYERS, DEFAULT_RESERVE_BYTES, DEFAULT_TFLOPS, GIB, H200_USABLE_BYTES,
+                           check_ep, presets)
 from ..tools.scale_measure import measured
 from ..tools.scale_plan import min_ep, plan
+from .argtypes import count, number
 
 
 def _gib(b) -> str:
@@ -99,21 +102,25 @@ def add_arguments(p):
     p.add_argument("--preset", choices=tuple(DEFAULT_EPS), default="seed",
                    help="seed: the seed report's layer; deepseek-v3: hidden 7168, 256 experts, top-8, ffn 2048")
     p.add_argument("--ep", type=_ints, default=None, help="comma list (default: seed 2,4,8; deepseek-v3 8,16,32,64)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per rank (default: seed 1024, deepseek-v3 4096)")
+    p.add_argument("--seq", type=count(2, MAX_DIM), default=None,
+                   help="tokens per rank (default: seed 1024, deepseek-v3 4096)")
     p.add_argument("--dispatcher", default="allgather,alltoall", help="comma list: " + ",".join(DISPATCHERS))
     p.add_argument("--router-dtype", choices=ROUTER_DTYPES, default="none")
     p.add_argument("--gated", action="store_true", help="fc1 x2 (SwiGLU, as DeepSeek-V3; the lab builds gelu)")
-    p.add_argument("--imbalance", type=float, default=1.0, help="rows of the busiest rank / seq x topk (>= 1)")
-    p.add_argument("--cut", type=int, default=90, help="the truncation test's cut (tokens[cut:] = 0)")
+    p.add_argument("--imbalance", type=number("the busiest rank's share", least=1, most=1e6), default=1.0,
+                   help="rows of the busiest rank / seq x topk (>= 1)")
+    p.add_argument("--cut", type=count(1), default=90, help="the truncation test's cut (tokens[cut:] = 0)")
     p.add_argument("--capture", action="store_true", help="count full stage capture (capture.run_with_capture)")
-    p.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS, help="sustained TFLOP/s for the time ESTIMATE")
-    p.add_argument("--reserve-gib", type=float, default=DEFAULT_RESERVE_BYTES / GIB,
+    p.add_argument("--tflops", type=number("TFLOP/s", above=0, most=1e6), default=DEFAULT_TFLOPS,
+                   help="sustained TFLOP/s for the time ESTIMATE")
+    p.add_argument("--reserve-gib", type=number("GiB held back", least=0, most=H200_USABLE_BYTES / GIB),
+                   default=DEFAULT_RESERVE_BYTES / GIB,
                    help="GiB held back from the 139 GiB of an H200 for CUDA context, NCCL, fragmentation")
     p.add_argument("--json", action="store_true", help="JSON records on stdout instead of the table")
     p.add_argument("--measure", action="store_true",
                    help="also build the layer on engines (EP = engines) and compare measured with calculated")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="--measure: default cuda if a GPU is visible")
-    p.add_argument("--engines", type=int, default=None, help="--measure: default one per GPU (cuda) or 4 (cpu)")
+    p.add_argument("--engines", type=count(), default=None, help="--measure: default one per GPU (cuda) or 4 (cpu)")
     return p
 
 
@@ -131,8 +138,6 @@ def cmd(a) -> int:
     eps = a.ep or DEFAULT_EPS[a.preset]
     for ep in eps:
         check_ep(cfg, ep)
-    if not a.reserve_gib >= 0:
-        raise ValueError(f"--reserve-gib ({a.reserve_gib}) must be >= 0")
     kw = dict(gated=a.gated, imbalance=a.imbalance, cut=a.cut, capture=a.capture, tflops=a.tflops,
               reserve_bytes=int(a.reserve_gib * GIB))
     moe_layers = DEEPSEEK_V3_MOE_LAYERS if a.preset == "deepseek-v3" else None

@@ -18,8 +18,8 @@ from typing import Any, Callable
 from ..config import ClusterConfig
 from . import attached, bring_up, calls, processes, restart, spares
 from .diagnosis import ClusterError
-from .launchers import launcher_settings, profile_parent
-from .placement import default_config
+from .launchers import check_devices, launcher_settings, profile_parent
+from .placement import default_config, visible_gpus
 from .state import ClusterState
 
 logger = logging.getLogger(__name__)
@@ -101,6 +101,8 @@ class Cluster:
         if st.client is not None:
             return self
         cfg = st.config
+        if cfg.device == "cuda" and cfg.launcher == "local":  # more ranks than GPUs: refused with the fix, first
+            check_devices(cfg, visible_gpus())
         settings = launcher_settings(cfg)  # a bad launcher option is refused before anything starts
         st.launched_at = time.perf_counter()
         st.info, st.timings, st.procs, st.rendezvous = [], {}, [], None

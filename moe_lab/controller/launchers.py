@@ -80,7 +80,7 @@ def launcher_settings(cfg: ClusterConfig) -> dict:
         if trait not in traits:
             raise ValueError(f"launcher_options[{key!r}]: {cls.__name__} has no setting {trait!r}; "
                              f"its settings are {', '.join(sorted(traits))}")
-        conf[cls.__name__][trait] = value
+        conf[cls.__name__][trait] = _checked_value(key, cls, traits[trait], value)
     mine = conf[engine_cls.__name__] if engine_cls.__name__ in conf else {}
     if cfg.launcher in _LAUNCHER_COMMAND:
         trait, fix = _LAUNCHER_COMMAND[cfg.launcher]
@@ -99,6 +99,46 @@ def launcher_settings(cfg: ClusterConfig) -> dict:
     if cfg.launcher != "local" and not ("Cluster" in conf and "controller_ip" in conf["Cluster"]):
         kwargs["controller_ip"] = "*"  # engines on other hosts connect to it; the key in the profile signs messages
     return kwargs
+
+def _checked_value(key: str, cls, trait, value):
+    """`value` as the trait takes it (its own validation, as ipyparallel would run it when the cluster starts — a
+    traceback from deep inside the launch otherwise), or a one-line ValueError saying what the setting takes."""
+    from traitlets import HasTraits, TraitError
+
+    validate = getattr(trait, "validate", None)  # a trait of any value (traitlets' Any) has none
+    try:
+        return validate(HasTraits(), value) if validate else value
+    except (TraitError, TypeError, ValueError) as e:
+        raise ValueError(f"launcher_options[{key!r}] ({value!r}): {cls.__name__}.{trait.name} takes {trait.info()}, "
+                         f"e.g. --launcher-option '{key}=...' with a JSON value of that type") from None
+
+
+def check_devices(cfg: ClusterConfig, visible: int) -> None:
+    """Engines on this machine's GPUs (device 'cuda', launcher 'local') need engines / ranks_per_gpu of the
+    `visible` GPUs: NCCL refuses two ranks on one GPU ('Duplicate GPU detected') long after the engines started.
+    Refused here with the fix: ranks_per_gpu (virtual EP over gloo), or `placement.default_config`, which chooses it
+    from the GPUs it sees."""
+    if cfg.device != "cuda" or cfg.launcher != "local":
+        return
+    need = cfg.engines // cfg.ranks_per_gpu
+    if need <= visible:
+        return
+    if visible == 0:
+        raise ValueError("device ('cuda') needs a GPU, but torch sees none; use device='cpu'")
+    from ..config import MAX_RANKS_PER_GPU
+
+    share = cfg.engines // visible
+    if cfg.engines % visible:
+        fix = f"give engines a multiple of {visible}, with ranks_per_gpu = engines / {visible}"
+    elif share > MAX_RANKS_PER_GPU:
+        fix = f"give at most {MAX_RANKS_PER_GPU * visible} engines ({MAX_RANKS_PER_GPU} per GPU)"
+    else:
+        fix = (f"give ranks_per_gpu={share} (virtual EP: {share} ranks share each GPU over gloo) or "
+               f"engines={visible * cfg.ranks_per_gpu}")
+    raise ValueError(f"engines ({cfg.engines}) with ranks_per_gpu ({cfg.ranks_per_gpu}) need {need} GPUs, but torch "
+                     f"sees {visible}: {fix}; controller.placement.default_config(device='cuda', engines="
+                     f"{cfg.engines}) chooses the ranks per GPU from the GPUs it sees")
+
 
 def _ipp_class(name: str, key: str):
     import ipyparallel as ipp
@@ -126,4 +166,5 @@ def _check_ssh_hosts(hosts, engines: int) -> None:
                          f"but engines is {engines}: make them equal")
 
 
-__all__ = ["assign_ranks", "launcher_rank", "launcher_settings", "profile_parent", "SHARED_PROFILE_ROOT"]
+__all__ = ["assign_ranks", "check_devices", "launcher_rank", "launcher_settings", "profile_parent",
+           "SHARED_PROFILE_ROOT"]

@@ -138,3 +138,59 @@ def plan(cfg: MoEConfig, layout: Layout, *, preset=None, world: int | None = Non
         notes.append(f"an fp64 copy of the weights: {w64:.2f} GiB per rank, {w64 * rpg:.2f} GiB per GPU "
                      f"({rpg} rank(s) on it){fit64}")
     return Plan(title=title, runs=runs, left_out=left, memory=mem, notes=notes, fits=fits)
+
+
+ENGINE_PROCESS_BYTES = GIB // 2
+"""What a CPU engine holds before its layer: a Python process with torch, megatron-core and ipyparallel imported
+(~0.35 GiB resident measured for torch + megatron-core's MoE layer, plus ipyparallel's engine)."""
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give processes (psutil; else /proc/meminfo's MemAvailable); None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - psutil missing or unable to read: the kernel's own figure
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_host_memory(cfgs, ccfg, *, cut: int = 90, layout: Layout = Layout(ep=0),
+                      available: int | None = None) -> dict | None:
+    """The CPU twin of `scale_plan.check_memory`: the ranks of CPU engines on this machine (launcher 'local') need
+    ENGINE_PROCESS_BYTES plus `plan`'s estimate of the busiest rank (weights + one forward + the lab's comparisons)
+    each; refused in one line when that is more than the memory available at the check, before any engine starts (the
+    engines would otherwise die one by one allocating it). Returns the numbers, or None where it does not apply or
+    the available memory cannot be read. `available` overrides the measured bytes (tests)."""
+    if ccfg.device != "cpu" or ccfg.launcher != "local" or not cfgs:
+        return None
+    available = available_memory() if available is None else available
+    if available is None:
+        return None
+    world = ccfg.engines
+    lay = layout.on(world)
+    worst = None
+    for cfg in cfgs:
+        p = plan(cfg, lay, world=world, device="cpu", dispatchers=(cfg.dispatcher,),
+                 router_dtypes=(cfg.router_dtype,), cut=cut)
+        rank = max(m["rank_gib"] for m in p.memory) * GIB
+        if worst is None or rank > worst["per_rank_bytes"]:
+            worst = {"per_rank_bytes": rank, "config": cfg}
+    need = (worst["per_rank_bytes"] + ENGINE_PROCESS_BYTES) * world
+    worst.update(need_bytes=need, available_bytes=available, engines=world)
+    if need > available:
+        c = worst["config"]
+        raise ValueError(
+            f"{world} CPU engines need {need / GIB:.1f} GiB ({worst['per_rank_bytes'] / GIB:.1f} GiB per rank for "
+            f"hidden {c.hidden}, {c.num_experts} experts, ffn {c.ffn_hidden}, {c.seq_len} tokens on {lay.label()}, "
+            f"+ {ENGINE_PROCESS_BYTES / GIB:.1f} GiB per engine process), but this machine has {available / GIB:.1f} "
+            "GiB available: use a smaller layer (hidden, ffn, seq_len), fewer engines, or a machine with more memory")
+    return worst

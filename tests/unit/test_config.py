@@ -224,7 +224,7 @@ def test_cluster_defaults_valid():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(device="cuda", engines=8), dict(engines=1), dict(engines=6), dict(timeout_s=0.5)],
+    [dict(device="cuda", engines=8), dict(engines=1), dict(engines=6), dict(timeout_s=1.5)],
 )
 def test_cluster_valid(kwargs):
     """Legal combinations are accepted as given."""
@@ -243,6 +243,7 @@ BAD_CLUSTER = [
     pytest.param(dict(timeout_s=-1.0), ["timeout_s (-1.0)"], id="timeout-negative"),
     pytest.param(dict(timeout_s=float("nan")), ["timeout_s (nan)"], id="timeout-nan"),
     pytest.param(dict(start_timeout_s=0.0), ["start_timeout_s (0.0)"], id="start-timeout-zero"),
+    pytest.param(dict(timeout_s=0.5), ["timeout_s (0.5)", ">= 1"], id="timeout-under-a-second"),
 ]
 
 

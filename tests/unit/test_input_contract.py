@@ -12,8 +12,19 @@ REFUSED = [
     (["probe", "--seq", "1"], "--seq: 1 must be >= 2"),
     (["probe", "--timeout", "inf"], "must be finite"),
     (["probe", "--start-timeout", "nan"], "must be finite"),
-    (["run", "--timeout", "0"], "> 0"),
-    (["run", "--timeout", "-5"], "> 0"),
+    (["run", "--timeout", "0"], ">= 1"),
+    (["run", "--timeout", "-5"], ">= 1"),
+    (["probe", "--timeout", "1e-300"], ">= 1"),
+    (["probe", "--seq", "100000000000000000000"], "--seq: 100000000000000000000 must be <= 16777216"),
+    (["scale", "--seq", "100000000000000000000"], "--seq: 100000000000000000000 must be <= 16777216"),
+    (["scale", "--reserve-gib", "inf"], "--reserve-gib: 'inf': GiB held back must be finite, >= 0, <= 139"),
+    (["scale", "--tflops", "0"], "--tflops: '0': TFLOP/s must be finite, > 0"),
+    (["scale", "--imbalance", "nan"], "--imbalance: 'nan'"),
+    (["preflight", "--gpu-memory", "-1"], "--gpu-memory: '-1': GiB per GPU must be finite, > 0"),
+    (["preflight", "--gpu-memory", "nan"], "--gpu-memory: 'nan': GiB per GPU must be finite"),
+    (["run", "-p", "releases="], "the value of 'releases' is empty"),
+    (["run", "-p", "=3"], "the key is empty"),
+    (["run", "--launcher-option", "delay="], "the value of 'delay' is empty"),
     (["run", "--timeout", "1e20"], "a week"),
     (["run", "--only", ""], "give notebook numbers"),
     (["run", "--only", "01,1"], "notebook 01 given twice"),
@@ -33,9 +44,12 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv, said, capsys):
 
 def test_good_values_of_the_same_flags_parse():
     ap = cli.build_parser()
-    a = ap.parse_args(["probe", "--trials", "1", "--seq", "2", "--timeout", "0.5", "--start-timeout", "604800"])
-    assert (a.trials, a.seq, a.timeout, a.start_timeout) == (1, 2, 0.5, 604800.0)
+    a = ap.parse_args(["probe", "--trials", "1", "--seq", "2", "--timeout", "1", "--start-timeout", "604800"])
+    assert (a.trials, a.seq, a.timeout, a.start_timeout) == (1, 2, 1.0, 604800.0)
     assert ap.parse_args(["run", "--only", "1,03", "--timeout", "60"]).only == "01,03"
+    assert ap.parse_args(["run", "--timeout", "90.5"]).timeout == 91  # papermill takes whole seconds: rounded up
+    assert ap.parse_args(["scale", "--seq", "16777216", "--reserve-gib", "0", "--tflops", "1"]).seq == 2**24
+    assert ap.parse_args(["preflight", "--gpu-memory", "141"]).gpu_memory == 141.0
 
 
 P_REFUSED = [
@@ -43,8 +57,14 @@ P_REFUSED = [
     ("releases=[1]", "must be a list of 'installed' or X.Y.Z strings"),
     ("releases=0.99.0", "0.99.0 is not supported"),
     ("releases=0.11.0,0.11.0", "names a release twice"),
-    ("timeout_s=Infinity", "must be a positive number of seconds (finite, <= 604800)"),
-    ("timeout_s=NaN", "must be a positive number of seconds (finite, <= 604800)"),
+    ("timeout_s=Infinity", "must be a positive number of seconds (finite, >= 1 and <= 604800 (a week))"),
+    ("timeout_s=NaN", "must be a positive number of seconds (finite, >= 1 and <= 604800 (a week))"),
+    ("timeout_s=1e-300", "timeout_s (1e-300) must be a positive number of seconds (finite, >= 1"),
+    ("layouts=ep3", "notebook 01: layouts entry 'ep3' on 4 ranks: layout tp 1 × ep 3: world (4) must be a multiple"),
+    ("compound_settings=bogus", "compound_settings (['bogus']) must be a list of settings from 'plain'"),
+    ("truncation_remedies=bogus", "truncation_remedies entry ('bogus') must be 'none' or '+'-joined names"),
+    ("training.settings=bogus", "training.settings ('bogus') must be a non-empty list of distinct str values"),
+    ("training.settings=[\"router fp32\"]", "training.settings (['router fp32']) must include 'plain'"),
     ("depth_layers=\"abc\"", "depth_layers ('abc') must be a positive integer"),
     ("trials=0", "trials (0) must be a positive integer"),
     ("seq_len=1", "seq_len (1)"),

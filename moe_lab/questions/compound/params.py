@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import check_positive
+from ...config import MAX_DIM, MAX_REPEATS, check_count, check_positive
 from ...params import Flat, strs
+
+SETTING_NAMES = ("plain", "router fp32", "router fp64", "probs fp32 gather", "deterministic",
+                 "ordered_combine+no_splitk", "router fp32 + fp32 grad reduce", "batch_invariant_mode",
+                 "batch_invariant_mode, router fp64", "routing replay", "moe_permute_fusion", "moe_router_fusion",
+                 "deterministic + ordered_combine+no_splitk + routing replay",
+                 "deterministic + ordered_combine+no_splitk + routing replay + fp32 grad reduce")
+"""The settings notebook 05 compares (questions.compound.experiment.SETTINGS says what each one changes; a test holds
+the two lists equal): here, torch-free, so that a profile naming another one is refused when it loads."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,10 +33,20 @@ class CompoundParams(Flat):
     """Expert ffn of the depth stack's layers (0: the profile's layer's)."""
 
     def __post_init__(self):
-        strs(self, "compound_settings", empty_ok=True)
-        strs(self, "depth_settings")
-        check_positive("depth_layers", self.depth_layers)
-        if not isinstance(self.depth_ffn_hidden, int) or isinstance(self.depth_ffn_hidden, bool) \
-                or self.depth_ffn_hidden < 0:
-            raise ValueError(f"depth_ffn_hidden ({self.depth_ffn_hidden!r}) must be 0 (the layer's) or a positive "
-                             "integer")
+        names = "settings from " + ", ".join(map(repr, SETTING_NAMES))
+        strs(self, "compound_settings", SETTING_NAMES, empty_ok=True, what=names + " (empty: all of them)")
+        strs(self, "depth_settings", SETTING_NAMES, what=names)
+        for name in ("compound_settings", "depth_settings"):
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise ValueError(f"{name} ({list(getattr(self, name))!r}) names a setting twice")
+        check_positive("depth_layers", self.depth_layers, MAX_REPEATS)
+        check_count("depth_ffn_hidden", self.depth_ffn_hidden, least=0, most=MAX_DIM, zero="the layer's")
+
+    def check_world(self, config, ccfg) -> None:
+        """The depth stacks' layer (the profile's, with depth_ffn_hidden) splits as the run's layout does."""
+        if not self.depth_ffn_hidden:
+            return
+        try:
+            config.layout.on(ccfg.engines).check_layer(config.layer.replace(ffn_hidden=self.depth_ffn_hidden))
+        except ValueError as e:
+            raise ValueError(f"depth_ffn_hidden ({self.depth_ffn_hidden}) on {ccfg.engines} ranks: {e}") from None

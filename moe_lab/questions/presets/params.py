@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import ROUTER_DTYPES
+from ...config import MAX_REPEATS, ROUTER_DTYPES, check_count
 from ...params import Section, tuple_of
 
 
@@ -45,5 +45,16 @@ class PresetParams(Section):
         tuple_of(self, "deterministic", bool)
         if False not in self.deterministic:
             raise ValueError(f"presets.deterministic ({self.deterministic!r}) must include false (the plain cell)")
-        if not isinstance(self.cost_rounds, int) or isinstance(self.cost_rounds, bool) or self.cost_rounds < 0:
-            raise ValueError(f"presets.cost_rounds ({self.cost_rounds!r}) must be 0 (no cost) or a positive integer")
+        check_count("presets.cost_rounds", self.cost_rounds, least=0, most=MAX_REPEATS, zero="no cost")
+
+    def check_world(self, config, ccfg) -> None:
+        """Each preset's layer (scaled, at the profile's seq_len) splits as the run's layout does on its world."""
+        from ... import models
+
+        for m in self.models:
+            try:
+                config.layout.on(ccfg.engines).check_layer(config.preset_layer(m, self.scale),
+                                                           heads=models.get(m).heads)
+            except ValueError as e:
+                raise ValueError(f"presets.models entry {m!r} (scale {self.scale:g}) on {ccfg.engines} ranks: "
+                                 f"{e}") from None

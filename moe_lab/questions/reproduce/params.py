@@ -41,6 +41,16 @@ class LayoutParams(Flat):
         strs(self, "layout_router_dtypes", ROUTER_DTYPES)
         bools(self, "layout_deterministic")
 
+    def check_world(self, config, ccfg) -> None:
+        """Every layout (the reference too) fits the run's world and splits its layer."""
+        from ...layout import Layout
+
+        for spec in self.order():
+            try:
+                Layout.parse(spec).on(ccfg.engines).check_layer(config.layer)
+            except ValueError as e:
+                raise ValueError(f"layouts entry {spec!r} on {ccfg.engines} ranks: {e}") from None
+
     def order(self) -> list[str]:
         """The reference first, then the other layouts as listed."""
         return [self.layout_reference] + [s for s in self.layouts if s != self.layout_reference]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...config import MAX_DIM
 from ...params import as_tuple, Flat
 
 
@@ -25,8 +26,17 @@ class SeqLenParams(Flat):
             except ValueError:
                 pass
             object.__setattr__(self, "seq_lens", v)
-        ok = (isinstance(v, tuple) and len(v) >= 2 and len(set(v)) == len(v)
-              and all(isinstance(x, int) and not isinstance(x, bool) and x >= 2 for x in v))
+        ok = (isinstance(v, tuple) and len(v) >= 2
+              and all(isinstance(x, int) and not isinstance(x, bool) and 2 <= x <= MAX_DIM for x in v)
+              and len(set(v)) == len(v))
         if not ok:
             raise ValueError(f"seq_lens ({list(v) if isinstance(v, tuple) else v!r}) must be a list of at least two "
-                             "distinct integers >= 2, e.g. [64, 128, 256] (or -p seq_lens=64,128,256)")
+                             f"distinct integers in 2..{MAX_DIM}, e.g. [64, 128, 256] (or -p seq_lens=64,128,256)")
+
+    def check_world(self, config, ccfg) -> None:
+        """At each length the run's layout splits the layer (sequence parallelism: the length over tp)."""
+        for n in self.seq_lens:
+            try:
+                config.layout.on(ccfg.engines).check_layer(config.layer.replace(seq_len=n))
+            except ValueError as e:
+                raise ValueError(f"seq_lens entry {n} on {ccfg.engines} ranks: {e}") from None

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config import DISPATCHERS, check_choice, check_positive
+from ...config import DISPATCHERS, MAX_DIM, MAX_REPEATS, check_choice, check_count, check_positive
 from ...layout import Layout
 from ...params import Section, as_tuple, tuple_of
+
+SETTING_NAMES = ("plain", "router fp32", "router fp64", "fp32 grad reduce", "router fp32 + fp32 grad reduce",
+                 "ordered combine", "router fp32 + fp32 grad reduce + ordered combine", "routing replay")
+"""The settings a training run can have (questions.training.experiment.SETTINGS says what each one changes; a test
+holds the two lists equal): here, torch-free, so that a profile naming another one is refused when it loads."""
+REFERENCE = "plain"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +56,20 @@ class TrainParams(Section):
     """Paired timing rounds (case step vs plain step) per remedy, at the largest EP; 0: no cost."""
 
     def __post_init__(self):
-        for name in ("steps", "tokens", "reruns", "deep_reruns"):
-            check_positive(name, getattr(self, name))
-        for name in ("hidden", "num_experts", "topk", "ffn_hidden", "cost_rounds"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"training.{name} ({v!r}) must be 0 (the profile's) or a positive integer")
+        for name in ("steps", "reruns", "deep_reruns"):
+            check_positive(f"training.{name}", getattr(self, name), MAX_REPEATS)
+        check_positive("training.tokens", self.tokens, MAX_DIM)
+        for name in ("hidden", "num_experts", "topk", "ffn_hidden"):
+            check_count(f"training.{name}", getattr(self, name), least=0, most=MAX_DIM, zero="the profile's")
+        check_count("training.cost_rounds", self.cost_rounds, least=0, most=MAX_REPEATS, zero="no cost")
         for name, kind in (("stacks", int), ("eps", int), ("deterministic", bool), ("settings", str)):
-            tuple_of(self, name, kind)
+            tuple_of(self, name, kind, SETTING_NAMES if name == "settings" else None)
+        for name in ("stacks", "eps"):
+            big = [v for v in getattr(self, name) if v > MAX_REPEATS]
+            if big:
+                raise ValueError(f"training.{name} ({list(getattr(self, name))!r}): {big[0]} must be <= {MAX_REPEATS}")
+        if REFERENCE not in self.settings:
+            raise ValueError(f"training.settings ({list(self.settings)!r}) must include {REFERENCE!r} (the reference)")
         lays = as_tuple(self, "layouts")
         if not isinstance(lays, tuple) or not all(isinstance(x, str) for x in lays):
             raise ValueError(f"training.layouts ({lays!r}) must be a list of layouts such as \"tp2,ep2,sp\"")
@@ -77,3 +89,29 @@ class TrainParams(Section):
         check_choice("training.dispatcher", self.dispatcher, DISPATCHERS)
         if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not 0 < self.lr < 1:
             raise ValueError(f"training.lr ({self.lr!r}) must be a number in (0, 1)")
+
+    def layer(self, base):
+        """The training layer: the run's base layer (a MoEConfig) with this section's dispatcher and its non-zero
+        size overrides."""
+        over = {k: getattr(self, k) for k in ("hidden", "num_experts", "topk", "ffn_hidden") if getattr(self, k)}
+        try:
+            return base.replace(dispatcher=self.dispatcher, **over)
+        except ValueError as e:
+            raise ValueError(f"training: the layer with {over or 'no'} overrides: {e}") from None
+
+    def layouts_compared(self) -> list[Layout]:
+        """The layouts compared, the reference first: EP = each of `eps` (TP 1), then each of `layouts`."""
+        return [Layout(ep=e) for e in self.eps] + [Layout.parse(s) for s in self.layouts]
+
+    def check_world(self, config, ccfg) -> None:
+        """Every layout fits the world and the training layer's experts; the global batch splits evenly."""
+        world, base = ccfg.engines, self.layer(config.layer)
+        for lay in self.layouts_compared():
+            try:
+                lay.check(world, base.num_experts)
+                lay.check_layer(base)
+            except ValueError as e:
+                raise ValueError(f"training: {lay.spec()} on {world} ranks: {e}") from None
+        if self.tokens % world:
+            raise ValueError(f"training.tokens ({self.tokens}) must be divisible by the world ({world} ranks: each "
+                             "rank feeds one share, data-parallel x tensor-parallel)")
