@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import MoEConfig
+from ..fsio import check_writable_file
 from .argtypes import count as _count, seconds as _seconds
 from ..tools.bench import capture_overhead, run
 
@@ -110,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def cmd(a: argparse.Namespace) -> int:
     """Run the bench for parsed arguments: table on stdout, JSON to --json; exit 1 if the two paths disagree."""
     config = MoEConfig.seed_report() if a.seed_report else None
+    if a.json_out and a.json_out != "-":  # before minutes of measuring: a path that cannot take the JSON, one line
+        check_writable_file(a.json_out, "--json")
     if a.capture_only is not None:
         res = capture_overhead(device=a.device, engines=a.engines, config=config, rounds=a.capture_only,
                                timeout_s=a.timeout)
@@ -120,8 +123,10 @@ def cmd(a: argparse.Namespace) -> int:
             print(f"{mode:22s} {cap['forward_ms'][mode]:9.2f} ms  {pct:+8.1f} % (95 % CI {lo:+.1f} … {hi:+.1f} %), "
                   f"{res['rounds']} paired rounds, {cap['config']}")
         print(f"plain                  {cap['forward_ms']['plain']:9.2f} ms")
-        if a.json_out:
-            Path(a.json_out if a.json_out != "-" else "/dev/stdout").write_text(text + "\n")
+        if a.json_out == "-":
+            print(text)
+        elif a.json_out:
+            _write_json(a.json_out, text)
         return 0
     res = run(device=a.device, engines=a.engines, config=config, repeats=a.repeats, quick=a.quick, cut=a.cut,
               timeout_s=a.timeout)
@@ -133,8 +138,19 @@ def cmd(a: argparse.Namespace) -> int:
     else:
         print(table)
         if a.json_out:
-            Path(a.json_out).write_text(text + "\n")
+            _write_json(a.json_out, text)
         else:
             print()
             print(text)
     return 0 if res["sweep"]["results_equal"] else 1
+
+
+def _write_json(path: str, text: str) -> None:
+    """The result into --json; if the path stopped taking writes while the bench ran (checked before it), the JSON
+    goes to stdout instead, so the figures are not lost, and the failure is one line (exit 2)."""
+    try:
+        Path(path).write_text(text + "\n")
+    except OSError as e:
+        print(text)
+        raise ValueError(f"--json {path}: cannot be written ({e.strerror or type(e).__name__}); the result is on "
+                         "stdout above") from None

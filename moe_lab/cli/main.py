@@ -194,7 +194,12 @@ def cmd_versions(a) -> int:
         path = versions.install(a.version, from_dir=a.from_dir, force=a.force)
         print(path)
     else:
-        rows = release_dirs.list_installed()
+        try:
+            rows = release_dirs.list_installed()
+        except OSError as e:  # a cache folder that cannot be listed: its path and why, one line
+            raise ValueError(f"the release cache {e.filename or release_dirs.cache_dir()} cannot be read "
+                             f"({e.strerror or type(e).__name__}); fix it, or set MOE_LAB_CACHE to another "
+                             "folder") from None
         if not rows:
             print("no megatron-core releases installed side by side; `moe-lab versions install X.Y.Z`")
         for row in rows:
@@ -206,10 +211,19 @@ def cmd_wheelhouse(a) -> int:
     from ..fsio import writable_dir
     from ..tools import wheelhouse
 
+    from ..tools.errors import InstallError
+
+    mvs = tuple(v.strip() for v in a.megatron.split(",") if v.strip())
+    if not mvs:
+        raise ValueError(f"--megatron {a.megatron!r} names no release; give one or more, e.g. --megatron 0.16.1,0.12.3")
     writable_dir(a.out, "-o")  # a path under a file or in /proc: one line before anything is downloaded
-    mvs = tuple(v for v in a.megatron.split(",") if v)
-    wheels = wheelhouse.build(a.out, python=a.python, platform=a.platform, megatron_versions=mvs,
-                              jupyterlab=a.jupyterlab)
+    try:
+        wheels = wheelhouse.build(a.out, python=a.python, platform=a.platform, megatron_versions=mvs,
+                                  jupyterlab=a.jupyterlab)
+    except OSError as e:  # the folder filled up or went away mid-way: what was being done, where, one line (exit 3)
+        raise InstallError(f"gathering wheels into {a.out}: {e.strerror or type(e).__name__}"
+                           + (f" ({e.filename})" if e.filename else "") + "; free space or give another -o, and "
+                           "run again") from e
     print(f"{len(wheels)} wheels in {a.out}")
     print("install on the node with:\n  " + wheelhouse.install_command(a.out))
     return 0
@@ -236,23 +250,24 @@ def cmd_compare(a) -> int:
 
 
 def load_report(p: str) -> tuple[Path, list[dict]]:
-    """A report folder (or its results.json) → (folder, the records its notebooks' latest runs showed)."""
+    """A report folder (or its results.json, or results.json.xz) → (folder, the records its notebooks' latest runs
+    showed). A file there that is not a report's — not a regular file (a FIFO is refused, never waited on), not
+    UTF-8, malformed JSON, a record or run list (cases-NN.json) of a shape moe-lab does not write — is one
+    ResultsFileError naming it (exit 2)."""
     from .. import results
 
     path = Path(p)
     path = path / "results.json" if path.is_dir() else path
-    if not path.is_file() and not path.with_name(path.name + ".xz").is_file():  # published: results.json.xz
+    if path.name.endswith(".xz"):
+        path = path.with_name(path.name[: -len(".xz")])
+    if not (path.exists() or path.is_symlink()) and not path.with_name(path.name + ".xz").is_file():
         raise ValueError(f"{p}: no results.json there (give a report folder, e.g. reports/published/gpu-h200x1-2026-12-01)")
-    try:
-        records = results.load(path)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    records = results.load(path)
+    results.say_unreadable(path, records)  # records of another layout read as NOT MEASURED: said once
     return path.parent, results.latest(records, path.parent)
 
 
 def cmd_findings(a) -> int:
-    from .. import questions
-    from ..findings import render
     from ..reporting import published
 
     if a.published:
@@ -270,21 +285,35 @@ def cmd_findings(a) -> int:
     out = []
     for p in a.report:
         folder, records = load_report(p)
-        by_nb = questions.findings(records)
-        if a.json:
-            out.append({"report": str(folder), "records": len(records),
-                        "findings": {nb: [f.to_dict() for f in fs] for nb, fs in by_nb.items()},
-                        "headlines": {nb: render.headline(fs) for nb, fs in by_nb.items()}})
-        elif a.markdown:
-            out.append(render.markdown(folder.name, by_nb))
-        else:
-            from ..reporting import summary
-
-            out.append(f"# {folder} ({len(records)} records)\n\n## The answer, per subject\n"
-                       + render.answers_text(summary.answers(records)) + "\n\n## Per question\n"
-                       + render.terminal(by_nb, {q.number: q.name for q in questions.QUESTIONS}))
+        try:
+            out.append(_findings_of(a, folder, records))
+        except Exception as e:  # noqa: BLE001 - a record no finding can take: the file and why, one line (exit 2)
+            if isinstance(e, ValueError) and str(folder) in str(e):
+                raise
+            raise ValueError(f"{folder / 'results.json'}: its records cannot be read into findings "
+                             f"({type(e).__name__}: {str(e)[:200]}); a record holds a field of a shape moe-lab does "
+                             "not write — was the file edited by hand? (--debug shows where)") from e
     print(json.dumps(out if len(out) > 1 else out[0], indent=1, default=str) if a.json else "\n\n".join(out))
     return 0
+
+
+def _findings_of(a, folder: Path, records: list[dict]):
+    """One report's findings as `moe-lab findings` prints them: a JSON object (--json), markdown, or text."""
+    from .. import questions
+    from ..findings import render
+
+    by_nb = questions.findings(records)
+    if a.json:
+        return {"report": str(folder), "records": len(records),
+                "findings": {nb: [f.to_dict() for f in fs] for nb, fs in by_nb.items()},
+                "headlines": {nb: render.headline(fs) for nb, fs in by_nb.items()}}
+    if a.markdown:
+        return render.markdown(folder.name, by_nb)
+    from ..reporting import summary
+
+    return (f"# {folder} ({len(records)} records)\n\n## The answer, per subject\n"
+            + render.answers_text(summary.answers(records)) + "\n\n## Per question\n"
+            + render.terminal(by_nb, {q.number: q.name for q in questions.QUESTIONS}))
 
 
 def cmd_bench(a) -> int:

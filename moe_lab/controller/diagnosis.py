@@ -280,9 +280,87 @@ def exit_status(cluster, pid: int) -> str:
                 time.sleep(0.05)
     return ""
 
+_CONTROLLERS: dict[str, int | None] = {}  # profile dir → its controller's pid, once looked up (None: not found)
+
+
+def controller_pid(cluster) -> int | None:
+    """The pid of the cluster's ipyparallel controller, through which every call and answer passes: its launcher's
+    process where this process started it; for a client of another process's cluster (a run's shared cluster), the
+    process of the same profile running `ipyparallel.controller`, looked up once. None where it is not on this host."""
+    launcher = getattr(getattr(cluster, "ipp", None), "controller", None)
+    pid = getattr(getattr(launcher, "process", None), "pid", None) or getattr(launcher, "pid", None)
+    if isinstance(pid, int):
+        return pid
+    profile = getattr(cluster, "profile_dir", None)
+    if not profile:
+        return None
+    if profile not in _CONTROLLERS:
+        found = [p for p in processes.cluster_processes(profile)
+                 if any("ipyparallel.controller" in a for a in (p.info.get("cmdline") or ()))]
+        pids = {p.pid for p in found}
+        roots = []  # its schedulers are forks of it, with its command line: the one whose parent is none of them
+        for p in found:
+            try:
+                if p.ppid() not in pids:
+                    roots.append(p.pid)
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                continue
+        _CONTROLLERS[profile] = roots[0] if len(roots) == 1 else None
+    return _CONTROLLERS[profile]
+
+
+def controller_down(cluster, *, stopped: bool = True) -> tuple[int, str, bool] | None:
+    """(pid, how, gone) when the cluster's controller cannot pass calls on: its process gone (how: its exit code or
+    signal), or — with `stopped` — it or one of its scheduler processes stopped (SIGSTOP, Ctrl-Z, a debugger); None
+    while it runs, or when it is not known here."""
+    import psutil
+
+    pid = controller_pid(cluster)
+    if pid is None:
+        return None
+    gone = processes.pid_gone(pid)
+    if gone is not None:
+        launcher = getattr(getattr(cluster, "ipp", None), "controller", None)
+        code = (getattr(launcher, "stop_data", None) or {}).get("exit_code") if launcher is not None else None
+        proc = getattr(launcher, "process", None)
+        deadline = time.monotonic() + 2.0
+        while code is None and proc is not None and time.monotonic() < deadline:
+            try:  # ipyparallel's launcher thread reaps it and psutil keeps the code: read it there
+                code = proc.wait(timeout=0)
+            except Exception:  # noqa: BLE001 - not reaped yet, or being reaped by that thread
+                time.sleep(0.05)
+        return pid, processes.describe_exit(code) if isinstance(code, int) else gone, True
+    if not stopped:
+        return None
+    state = process_state(pid)
+    if state:
+        return pid, f"is {state}", False
+    try:
+        children = psutil.Process(pid).children()
+    except psutil.Error:
+        children = []
+    for child in children:
+        state = process_state(child.pid)
+        if state:
+            return pid, f"has its scheduler process {child.pid} {state}", False
+    return None
+
+
+def _controller_line(cluster, down: tuple[int, str, bool]) -> str:
+    pid, how, gone = down
+    return f"the cluster's controller (pid {pid}) " + (f"is gone ({how})" if gone else how)
+
+
 def raise_if_dead(cluster, what: str, errors: dict) -> None:
+    """A ClusterError ('died') if the controller's process is gone, or an engine's: checked first, on every error and
+    every 0.5 s of a call (calls.get)."""
     from ipyparallel.error import EngineError
 
+    down = controller_down(cluster, stopped=False)
+    if down is not None:  # no call or answer can pass any more: said at once, before any rank
+        raise ClusterError(f"{_controller_line(cluster, down)} during {what}: calls reach the engines and their "
+                           "answers come back only through it; the engines were stopped: start the cluster again",
+                           kind="died", ranks=[], stopped=True)
     dead = dead_ranks(cluster)
     if not dead and not any(isinstance(e, EngineError) for e in errors.values()):
         return
@@ -331,6 +409,17 @@ def raise_collective(cluster, what, ranks, results, errors, pending, elapsed) ->
 
 def raise_timeout(cluster, what, ranks, results, pending, timeout) -> None:
     waiting = sorted(ranks[i] for i in pending)
+    down = controller_down(cluster)  # the controller first: while it cannot pass calls on, no rank is to blame
+    if down is not None:
+        pid, _, gone = down
+        msg = (f"{what}: rank(s) {waiting} did not answer within {timeout:.0f} s because "
+               f"{_controller_line(cluster, down)}: calls reach the engines and their answers come back only through "
+               "it, so no rank is to blame")
+        if gone:
+            raise ClusterError(msg + "; the engines were stopped: start the cluster again", kind="died", ranks=[],
+                               stopped=True)
+        raise ClusterError(msg + f"; `kill -CONT {pid}` (and its scheduler processes) resumes it, or stop the cluster "
+                           "and start it again", kind="timeout", ranks=[])
     where = _where_in(cluster, waiting)
     msg = f"{what}: rank(s) {waiting} did not answer within {timeout:.0f} s"
     in_coll = [r for r in waiting if r in where and where[r][0]]
@@ -364,4 +453,4 @@ def _where_in(cluster, ranks: list[int], wait_s: float = 1.0) -> dict[int, tuple
 
 __all__ = ["ClusterError", "where", "blame", "remote_message", "is_collective_error", "collective_of_error",
            "dead_ranks", "ended_engines", "exit_status", "raise_if_dead", "raise_failed", "raise_collective",
-           "raise_timeout", "who"]
+           "raise_timeout", "who", "controller_pid", "controller_down"]

@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 from ..config import ClusterConfig, MoEConfig, check_cut
 from ..controller.engine_sets import EngineSets
 from ..layout import WORLD, Layout
-from .. import results as results_file
+from .. import fsio, results as results_file
 from ..records import HEADER_OVERLAPS, Header, as_json, compose, stamp as schema_stamp
 from ..results import latest  # noqa: F401 - the records a notebook's latest run showed
 
@@ -333,17 +333,17 @@ def note_run(results: str | os.PathLike, notebook: str, keys: list[str], *, meas
     only those, never a stale record of an earlier run with other parameters or other code. Several runs of the
     protocol inside one notebook run (one run id) add up, and so do their counts of cases `measured` now and
     `reused` from results.json (the runner shows them: a resume is visible)."""
-    p = Path(results).with_name(f"cases-{notebook}.json")
+    p = results_file.cases_path(Path(results).parent, notebook)
     try:
-        prev = json.loads(p.read_text()) if p.exists() else {}
-    except (OSError, json.JSONDecodeError):
+        prev = results_file.read_cases(p) or {}
+    except results_file.ResultsFileError as e:  # the lab's own file: this run's list replaces it
+        logger.warning("%s; this run's list replaces it", e)
         prev = {}
     same = prev.get("run_id") == RUN_ID
     old = prev.get("keys", []) if same else []
     counts = {k: (prev.get(k, 0) if same else 0) + v for k, v in (("measured", measured), ("reused", reused))}
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": RUN_ID, "keys": old + [k for k in keys if k not in old], **counts}))
-    os.replace(tmp, p)
+    # written like results.json (fsio.write_atomic): a full disk is an OSError naming this file, the old list kept
+    fsio.write_atomic(p, json.dumps({"run_id": RUN_ID, "keys": old + [k for k in keys if k not in old], **counts}))
 
 
 

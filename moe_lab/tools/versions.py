@@ -37,6 +37,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .. import releases
+from ..fsio import writable_dir
 from ..release_dirs import PACKAGE, is_installed, normalize, path_for, python_tag, version_dir
 from .errors import InstallError
 
@@ -70,7 +71,7 @@ def install(version: str, *, from_dir: str | os.PathLike | None = None, pip_args
     if is_installed(final) and not force:
         logger.info("megatron-core %s already installed in %s", v, final)
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    writable_dir(final.parent, "MOE_LAB_CACHE")  # the release cache: one line before pip runs, never a traceback
     _remove_stale(final.parent, v)
     tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(".partial", v), dir=final.parent))
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users' engines
@@ -83,6 +84,11 @@ def install(version: str, *, from_dir: str | os.PathLike | None = None, pip_args
                     install_s=round(time.perf_counter() - t0, 2))
         (tmp / MARKER).write_text(json.dumps(meta, indent=1) + "\n")
         _swap_in(tmp, final, v)
+    except OSError as e:  # the cache filled up or went away mid-install: one line (exit 3), nothing half-installed
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InstallError(f"installing megatron-core {v} into {final}: {e.strerror or type(e).__name__}"
+                           + (f" ({e.filename})" if e.filename else "") + "; free space in the release cache or set "
+                           "MOE_LAB_CACHE to another folder, and run again") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -97,7 +103,12 @@ def check_from_dir(from_dir: str | os.PathLike, version: str) -> str:
         raise ValueError(f"from_dir ({str(from_dir)!r}) is not a directory; it must hold the megatron-core {version} wheel or sdist")
     want = Version(version)
     found, same, wheels, sdists, have = [], [], [], [], set()
-    for f in sorted(d.iterdir()):
+    try:
+        listed = sorted(d.iterdir())
+    except OSError as e:
+        raise ValueError(f"from_dir ({d}) cannot be listed ({e.strerror or type(e).__name__}); give a folder this "
+                         f"user can read, holding the megatron-core {version} wheel or sdist") from None
+    for f in listed:
         kind, name, ver, tags = parse_dist(f.name)
         if kind is None:
             continue

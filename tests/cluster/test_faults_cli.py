@@ -284,9 +284,10 @@ def _notebook_dir(nb_dir: Path) -> Path:
 
 
 def test_a_second_run_into_the_same_dir_refuses_in_one_line_and_report_files_are_0644(tmp_path):
-    """Two `moe-lab run` into one directory at once: the second exits 2 with one line 'another moe-lab run (pid N)
-    is writing into DIR' (N the first run's pid) and changes nothing; the first finishes normally, and every report
-    file it wrote (results.json, index, HTML, executed notebook) is 0644 under umask 022."""
+    """Two `moe-lab run` into one directory at once: the second exits 2 with one line 'another moe-lab run (pid N:
+    COMMAND) is writing into DIR' (N the first run's pid, COMMAND its command line) and changes nothing; the first
+    finishes normally, and every report file it wrote (results.json, index, HTML, executed notebook) is 0644 under
+    umask 022."""
     nbs, out = _notebook_dir(tmp_path / "nbs"), tmp_path / "report"
     first = subprocess.Popen([sys.executable, "-c", RUN, str(nbs), str(out)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, preexec_fn=_umask022, start_new_session=True)
@@ -302,9 +303,11 @@ def test_a_second_run_into_the_same_dir_refuses_in_one_line_and_report_files_are
         dt = time.monotonic() - t0
         print(f"TIME second run into a busy report dir → message: {dt:.1f} s")
         assert second.returncode == 2, second.stderr
-        assert _lines(second.stderr) == [
-            f"moe-lab run: error: another moe-lab run (pid {first.pid}) is writing into {out}: wait for it to "
-            "finish, or give this run another --out"]
+        lines = _lines(second.stderr)
+        assert len(lines) == 1 and lines[0].startswith(
+            f"moe-lab run: error: another moe-lab run (pid {first.pid}: {sys.executable} -c ") and lines[0].endswith(
+            f") is writing into {out}: wait for it to finish (its lock ends with it), or give this run another --out"), \
+            lines
         assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir() if p.is_file()} == snapshot
         (out / "go").touch()
         rc = first.wait(timeout=120)

@@ -7,8 +7,13 @@ Tests run as root, where chmod 555 stops nothing, so the failures are real ones 
   remounted read-only does: EROFS for every new write; the run's lock, opened before, stays open). Needs mount
   permission (CAP_SYS_ADMIN), skipped with the reason elsewhere;
 - a file the run must write is a directory (`--out/02_t.ipynb`): IsADirectoryError, anywhere.
+- the disk filling up: the run's file size limit (`ulimit -f`, RLIMIT_FSIZE) reached by notebook 02's record
+  (EFBIG, naming no file where the write fails), a real failure of the write layer that needs no root;
 The control: the same notebooks into a folder that stays writable run to the end, exit 0 (and after the directory is
-removed, the failed run's folder takes the rerun).
+removed, or the limit lifted, the failed run's folder takes the rerun).
+
+A notebook kernel SIGSTOPped mid-cell: the cell times out and the index row says so in words — the kernel stopped,
+which cell, after how long — never papermill's `CellTimeoutError: -------------------`.
 
 Three small notebooks, no cluster (MOE_LAB_SHARE_CLUSTER=0): 01 and 03 append a record, 02 waits for `go` (outside
 the folder) and then appends its own. Each test prints `TIME <what>: <seconds>`; docs/faults.md quotes them.
@@ -17,6 +22,7 @@ the folder) and then appends its own. Each test prints `TIME <what>: <seconds>`;
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -166,3 +172,119 @@ def test_a_report_file_that_is_a_directory_stops_the_run_in_one_line_and_the_rer
     p = _start(nbs, out, log)
     assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
     assert [_rows(out)[n]["verdict"] for n in ("01", "02", "03")] == ["1 done", "2 done", "3 done"]
+
+
+PADDED = """
+    import os
+    from moe_lab import results
+    path = os.path.join(out_dir, "results.json")
+    if not any(r.get("x") == {n} for r in results.load(path)):  # a rerun reuses what was written
+        results.append(path, [{{"x": {n}, "pad": "p" * {pad}}}], notebook="t{n}")
+    print("{n} done")
+"""
+
+
+def test_a_disk_that_fills_up_mid_run_is_exit_3_naming_results_json_and_the_resume_completes(tmp_path):
+    """The run under a file size limit of 1.5 MB: notebook 01's record (1 MB of padding) fits, 02's makes results.json
+    2 MB and its write fails (EFBIG, File too large: what a full disk is to the writer). Exit 3, the one line names
+    results.json, 01's record and pages kept byte for byte, nothing left running. With the limit lifted, the same
+    command completes the report (exit 0, each record once)."""
+    import nbformat
+    import resource
+
+    nbs, out = tmp_path / "nbs", tmp_path / "out"
+    nbs.mkdir()
+    for n in (1, 2, 3):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'",
+                                              metadata={"tags": ["parameters"]}),
+                    nbformat.v4.new_code_cell(textwrap.dedent(PADDED.format(n=n, pad=1_000_000)).strip(),
+                                              metadata={"tags": ["verdict"]})]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, nbs / f"0{n}_t.ipynb")
+    log = tmp_path / "error.log"
+    limit = 1_500_000
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-c", RUN, str(nbs), str(out), str(log)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=limited,
+                         env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_TEST_MARK": str(out)})
+    rc = p.wait(timeout=300)
+    dt = time.monotonic() - t0
+    err = p.stderr.read()
+    last = err.strip().splitlines()[-1]
+    print(f"TIME file size limit reached by 02's record → exit {rc}: {dt:.1f} s (whole run)\n{last}")
+    assert rc == 3, err[-3000:]
+    assert last == (f"moe-lab run: failed: cannot write {out / 'results.json'} (File too large) during the run, so it "
+                    f"stopped there; notebook(s) 01 finished and their records are kept in {out / 'results.json'}; "
+                    "make the folder writable (a read-only or full file system, a directory where the file goes) or "
+                    f"give another --out, and run again: finished cases are reused (traceback: {log})"), err[-3000:]
+    assert "Traceback" not in err and [ln for ln in err.splitlines() if ln.startswith("moe-lab")] == [last], err
+    assert [r["x"] for r in json.loads((out / "results.json").read_text())] == [1]
+    assert _rows(out)["01"]["status"] == "ok" and "02" not in _rows(out)
+    assert _left(out) == []
+    # space freed (the limit lifted): the same command resumes and completes
+    p = _start(nbs, out, log)
+    assert p.wait(timeout=300) == 0, p.stderr.read()[-3000:]
+    assert sorted(r["x"] for r in json.loads((out / "results.json").read_text())) == [1, 2, 3]
+    assert [_rows(out)[n]["verdict"] for n in ("01", "02", "03")] == ["1 done", "2 done", "3 done"]
+
+
+SLEEPS = """
+    import pathlib, time
+    pathlib.Path({mark!r}).touch()
+    time.sleep(120)
+    print("slept")
+"""
+
+
+def test_a_stopped_kernel_is_said_in_words_on_the_index(tmp_path):
+    """Notebook 01's kernel SIGSTOPped in its cell: with --timeout 8 the cell times out and its index row reads
+    'kernel stopped: … pid N … cell 3 of 3 (`import pathlib, time`) timed out after 8 s …'; exit 1 (a failed
+    notebook), nothing left running. The control is the row of a cell that merely runs long (`_timed_out`'s unit
+    test)."""
+    import nbformat
+    import psutil
+
+    nbs, out = tmp_path / "nbs", tmp_path / "out"
+    nbs.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("profile = 'cpu'\nparams = {}\nout_dir = '.'",
+                                          metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(textwrap.dedent(SLEEPS.format(mark=str(tmp_path / "in-cell"))).strip(),
+                                          metadata={"tags": ["verdict"]})]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, nbs / "01_t.ipynb")
+    code = RUN.replace("'--out', sys.argv[2]]", "'--out', sys.argv[2], '--timeout', '8']")
+    assert code != RUN
+    p = subprocess.Popen([sys.executable, "-c", code, str(nbs), str(out), str(tmp_path / "error.log")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_TEST_MARK": str(out)})
+    try:
+        deadline, kernel = time.monotonic() + 120, None
+        while kernel is None:  # the kernel, once its cell runs (the cell touches `in-cell` first)
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()[-3000:] if p.poll() else ""
+            kids = [k for k in psutil.Process(p.pid).children() if any("ipykernel" in a for a in k.cmdline())]
+            if kids and (tmp_path / "in-cell").exists():
+                kernel = kids[0]
+            time.sleep(0.2)
+        kernel.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = p.wait(timeout=120)
+        print(f"TIME kernel SIGSTOPped mid-cell, --timeout 8 → exit {rc}: {time.monotonic() - t0:.1f} s")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    row = _rows(out)["01"]
+    print(f"index row: {row['error']}")
+    assert rc == 1, p.stderr.read()[-3000:]
+    assert row["status"] == "failed" and row["error"] == (
+        f"kernel stopped: the notebook's kernel (pid {kernel.pid}) is stopped (process state 'stopped': SIGSTOP, "
+        "Ctrl-Z or a debugger), so cell 3 of 3 (`import pathlib, time`) timed out after 8 s; the kernel was ended — "
+        "run the notebook again (finished cases are reused)"), row
+    assert "-----" not in row["error"]
+    assert _left(out) == []

@@ -113,18 +113,23 @@ def test_a_key_no_code_reads_is_unknown(tmp_path, capsys):
 
 
 def test_files_the_run_reads_fail_in_one_line_naming_the_path(tmp_path, capsys):
-    """Results.json that is a directory, a run lock that is a directory: one line with the path and the
-    reason, exit 2, no notebook started (the control: an empty folder is taken, see the notebook tests)."""
+    """Results.json that is a directory, or a FIFO (whose read would wait for a writer): one line with the path and
+    the reason, exit 2, no notebook started (the control: an empty folder is taken, see the notebook tests). The
+    run lock is the folder's own (an flock on it), so no file in the folder can stand in its way."""
+    import os
+
     out = tmp_path / "r1"
     (out / "results.json").mkdir(parents=True)
     rc = cli.main(["run", "--profile", "cpu", "--only", "01", "--out", str(out)])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "results.json cannot be read" in err and len(err.splitlines()) == 1, err
+    assert rc == 2 and "results.json cannot be read (Is a directory)" in err and len(err.splitlines()) == 1, err
     out2 = tmp_path / "r2"
-    (out2 / ".moe_lab-run.lock").mkdir(parents=True)
+    out2.mkdir()
+    os.mkfifo(out2 / "results.json")
     rc = cli.main(["run", "--profile", "cpu", "--only", "01", "--out", str(out2)])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and ".moe_lab-run.lock: the run lock cannot be opened" in err and len(err.splitlines()) == 1, err
+    assert rc == 2 and "results.json cannot be read (not a regular file: a FIFO (named pipe))" in err, err
+    assert len(err.splitlines()) == 1, err
     assert not list(out.glob("*.ipynb")) and not list(out2.glob("*.ipynb"))
 
 
