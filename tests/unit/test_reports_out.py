@@ -30,7 +30,7 @@ def _refused(capsys, out: str, said: str):
 
 def test_an_empty_out_is_refused(capsys):
     _refused(capsys, "", "--out '' names no folder")
-    _refused(capsys, "  ", "--out '' names no folder")
+    _refused(capsys, "  ", "--out '  ' names no folder")
 
 
 def test_an_out_inside_the_published_reports_is_refused(capsys):
