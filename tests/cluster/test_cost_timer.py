@@ -79,7 +79,7 @@ def _cost_fields(cost):
 
 
 def test_notebook_03_cells_carry_compute_and_collective_share(cpu_cluster):
-    Q = profiles.load("cpu", {"dispatchers": ["allgather"], "router_dtypes": ["none"], "releases": ["installed"],
+    Q = profiles.load("cpu", {"dispatchers": ["allgather"], "sweep_router_dtypes": ["none"], "releases": ["installed"],
                               "trials": 1, "cost_rounds": 3, "probs_fp32_gather": [False],
                               "deterministic": [False, True]})
     recs = protocol.run(promotion, Q, cluster=cpu_cluster)

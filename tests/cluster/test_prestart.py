@@ -1,9 +1,11 @@
 """The next engines launched early (Cluster.prestart / launch / warm, protocol.run): a restart or a group's own
 cluster then finds its engines registered and their imports done. A spare set warmed for another config is never
-used (the control), and nothing launched early outlives the run."""
+used (the control), and nothing launched early outlives the run. A release switch (`restart_engines`) keeps the
+controller, and a stopped cluster leaves no engine of any set it had."""
 
 import dataclasses
 import os
+import time
 
 import pytest
 
@@ -36,20 +38,58 @@ def _warm_until_sent(c, **changes) -> None:
         time.sleep(0.1)
 
 
-def test_a_restart_takes_the_spare_engines_warmed_for_its_release(other_release):
+def test_a_release_switch_takes_its_warmed_spare_keeps_the_controller_and_stops_clean(other_release):
+    """A release switch restarts only the engines: the same controller, profile and watchdog, the old engine
+    processes gone, new engine ids — the spare set warmed for that release (`Cluster.prestart`: registered, and
+    imported before the restart asked, so the restart's own import call finds the imports done). The cluster answers
+    a forward on that release, then switches back with no spare (fresh engines of the installed release). When the
+    block ends no engine of either set is left and the profile is gone; a second stop does nothing. The control:
+    the next test (a spare warmed for another release is not used)."""
+    import psutil
+
+    from moe_lab.config import MoEConfig
+    from moe_lab.experiments import probe
+
     other = other_release
+    cfg = MoEConfig(hidden=32, num_experts=4, topk=2, ffn_hidden=64, seq_len=16, dispatcher="allgather")
     with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
-        old = [p["pid"] for p in c.procs]
+        ipp_cluster, profile, reaper = c.state.ipp, c.profile_dir, c.state.reaper.pid
+        old_ids, old = list(c.engine_ids), [p["pid"] for p in c.procs]
+        assert c.summary()["megatron_core"] == releases.installed_version()
+        with pytest.raises(ValueError, match="cannot change"):
+            c.restart_engines(engines=3)
         assert c.prestart() and c.prestart()  # a second call keeps the one spare set
         _warm_until_sent(c, extra_path=other)
         spare_ids = list(c.state.spare["ids"])
         assert len(_engines(c)) == 8  # 2 engines + their nannies, twice
         c.restart_engines(extra_path=other)
         assert c.engine_ids == spare_ids and c.summary()["megatron_core"] == OTHER
-        assert not set(old) & set(_engines(c)) and len(_engines(c)) == 4
-        # the imports were done before the restart asked for them (warm): the restart's own import call finds them
-        assert c.timings["imports_s"] < 0.5, c.timings
+        assert c.state.ipp is ipp_cluster and c.profile_dir == profile and c.state.reaper.pid == reaper
+        assert set(c.engine_ids).isdisjoint(old_ids) and not set(old) & set(_engines(c)) and len(_engines(c)) == 4
+        assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old)
+        assert c.timings["imports_s"] < 0.5, c.timings  # warm: the imports were done before the restart
+        assert 0 < c.timings["restart_s"] and c.timings["ready_s"] == c.timings["restart_s"]
+        a, b = c.run(probe.on_engine, probe.case(cfg, cut=8, repeats=0).payload(2), what="a forward on 0.12.3")
+        assert a["trials"][0]["rerun"]["bitwise_equal"] and a["out_shape"] == [16, 1, 32]
+
+        c.restart_engines(extra_path=())
+        assert c.summary()["megatron_core"] == releases.installed_version()
         assert all(h["ok"] for h in c.health_check())
+        pids = [p["pid"] for p in c.procs] + old
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids) and not os.path.exists(profile)
+    c.stop()  # idempotent
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_spare_warmed_for_another_release_is_not_used(other_release):
@@ -94,21 +134,40 @@ def _two_release_cases():
     return cases + [dataclasses.replace(c, release=OTHER) for c in cases]
 
 
-def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(other_release, monkeypatch, caplog):
-    """Two releases in one run: the second group's engines are launched while the first runs; the records are
-    those of a run without it (same mismatch counts: CPU forwards are deterministic)."""
+@pytest.fixture(scope="module")
+def plain(other_release):
+    """The control of this module's protocol runs: another release's group, then the installed one's, with nothing
+    launched early and no shared cluster — one cluster of its own, restarted back for the second group, and nothing
+    of it left afterwards. CPU forwards are deterministic, so a case's records are these in any order of the groups
+    and on any engine set."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MOE_LAB_PRESTART", "0")
+    mp.delenv(shared.ENV, raising=False)
+    cases = reproduce.cases(P)
+    before = _our_ipp_processes()
+    try:
+        recs = protocol.run(reproduce, P, cases=[dataclasses.replace(c, release=OTHER) for c in cases] + cases)
+    finally:
+        mp.undo()
+    _assert_none_left(before)
+    return recs
+
+
+def _by_release(recs: list[dict]) -> dict:
+    return {r["megatron_core"]: (r["rerun"]["n_mismatch"], r["cross_rank"]["n_mismatch"]) for r in recs}
+
+
+def test_protocol_starts_the_next_groups_engines_early_and_measures_the_same(plain, monkeypatch, caplog):
+    """Two releases in one run: the second group's engines are launched while the first runs; each release's
+    records are those of the run without it (`plain`: the same mismatch counts)."""
     import logging
 
-    monkeypatch.setenv("MOE_LAB_PRESTART", "0")
-    plain = protocol.run(reproduce, P, cases=_two_release_cases())
     monkeypatch.setenv("MOE_LAB_PRESTART", "1")
     with caplog.at_level(logging.INFO, logger="moe_lab.controller.cluster"):
         early = protocol.run(reproduce, P, cases=_two_release_cases())
     assert "launched 2 spare engines" in caplog.text and "(launched early)" in caplog.text
-    assert [r["megatron_core"] for r in early] == [r["megatron_core"] for r in plain] == [
-        releases.installed_version(), OTHER]
-    assert [r["rerun"]["n_mismatch"] for r in early] == [r["rerun"]["n_mismatch"] for r in plain]
-    assert [r["cross_rank"]["n_mismatch"] for r in early] == [r["cross_rank"]["n_mismatch"] for r in plain]
+    assert [r["megatron_core"] for r in early] == [releases.installed_version(), OTHER]
+    assert _by_release(early) == _by_release(plain) and len(_by_release(plain)) == 2
 
 
 def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(other_release, tmp_path, monkeypatch,
@@ -130,18 +189,17 @@ def test_after_a_shared_cluster_the_next_groups_own_cluster_is_launched_early(ot
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(other_release, tmp_path,
-                                                                                    monkeypatch, caplog):
+def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_cluster(plain, tmp_path, monkeypatch,
+                                                                                    caplog):
     """Another release first, then the installed one: the second group runs on the run's shared cluster again (no
-    restart back of the first group's own engines, which stop); without a shared cluster (the control) it runs on
-    the own cluster restarted back. The records are the same either way (CPU forwards are deterministic)."""
+    restart back of the first group's own engines, which stop); without a shared cluster (the control, `plain`) it
+    runs on the own cluster restarted back. The records are the same either way (CPU forwards are deterministic)."""
     import logging
 
     monkeypatch.setenv("MOE_LAB_PRESTART", "0")
     cases = reproduce.cases(P)
     cases = [dataclasses.replace(c, release=OTHER) for c in cases] + cases
     before = _our_ipp_processes()
-    plain = protocol.run(reproduce, P, cases=cases)
     assert [r["shared_cluster"] for r in plain] == [False, False]
     with shared.for_run(protocol.shared_config(P), tmp_path / "cluster.json") as c:
         with caplog.at_level(logging.INFO, logger="moe_lab.controller.engine_sets"):
@@ -152,9 +210,14 @@ def test_after_another_releases_group_the_next_group_goes_back_to_the_shared_clu
     assert [r["megatron_core"] for r in recs] == [r["megatron_core"] for r in plain] == [
         OTHER, releases.installed_version()]
     assert [r["cross_rank"]["n_mismatch"] for r in recs] == [r["cross_rank"]["n_mismatch"] for r in plain]
-    left = _our_ipp_processes() - before
+    _assert_none_left(before)
+
+
+def _assert_none_left(before: set[int]) -> None:
+    """No ipyparallel process this test process started since `before` is still running."""
     import psutil
 
+    left = _our_ipp_processes() - before
     assert not [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 

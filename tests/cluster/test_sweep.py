@@ -9,10 +9,18 @@ from moe_lab import results
 
 
 def test_grid_is_the_full_product():
-    P = profiles.load("cpu")
-    cells = promotion.grid(P)
+    """Every dispatcher x router dtype x probs-fp32-gather x deterministic cell, once (the cpu profile's axes, and
+    the control: the full axes given as overrides)."""
+    from moe_lab.questions.promotion.params import PromotionParams
+
+    for P in (profiles.load("cpu"), profiles.load("cpu", {"sweep_router_dtypes": ["none", "fp32", "fp64"],
+                                                         "deterministic": [False, True]})):
+        pp = P.params(PromotionParams)
+        cells = promotion.grid(P)
+        assert len(cells) == (len(P.run.dispatchers) * len(pp.router_dtypes(P)) * len(pp.probs_fp32_gather)
+                              * len(pp.deterministic))
+        assert len({(c.dispatcher, c.router_dtype, c.probs_fp32_gather, c.deterministic) for c in cells}) == len(cells)
     assert len(cells) == 2 * 3 * 2 * 2
-    assert len({(c.dispatcher, c.router_dtype, c.probs_fp32_gather, c.deterministic) for c in cells}) == len(cells)
 
 
 @pytest.mark.parametrize("bad, msg", [({"releases": ["latest"]}, "releases entry"), ({"trials": 0}, "trials"),
@@ -23,9 +31,10 @@ def test_bad_sweep_parameters(bad, msg):
 
 
 @pytest.mark.cluster
-def test_an_interrupted_sweep_resumes_without_remeasuring(tmp_path, monkeypatch):
-    P = profiles.load("cpu", {"dispatchers": ["allgather"], "router_dtypes": ["none", "fp32"], "releases": ["installed"],
-                              "trials": 1, "cost_rounds": 2, "probs_fp32_gather": [False],
+def test_an_interrupted_sweep_resumes_without_remeasuring(tmp_path, monkeypatch, cpu_cluster):
+    """On the session's cluster (the resume is the protocol's: results.json, not the engines)."""
+    P = profiles.load("cpu", {"dispatchers": ["allgather"], "sweep_router_dtypes": ["none", "fp32"],
+                              "releases": ["installed"], "trials": 1, "cost_rounds": 2, "probs_fp32_gather": [False],
                               "deterministic": [False]})
     path = tmp_path / "results.json"
     calls = []
@@ -39,12 +48,12 @@ def test_an_interrupted_sweep_resumes_without_remeasuring(tmp_path, monkeypatch)
 
     monkeypatch.setattr(protocol, "measure", one_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        protocol.run(promotion, P, results=path)
+        protocol.run(promotion, P, cluster=cpu_cluster, results=path)
     kept = results.load(path)
     assert len(kept) == 1 and kept[0]["router_dtype"] == "none"  # the finished cell was kept
 
     monkeypatch.setattr(protocol, "measure", real)
-    recs = protocol.run(promotion, P, results=path)
+    recs = protocol.run(promotion, P, cluster=cpu_cluster, results=path)
     assert [r["router_dtype"] for r in recs] == ["none", "fp32"]
     assert len(results.load(path)) == 2  # the first cell was not measured again
     assert recs[0]["cross_rank"]["mismatch_frac"] > 0 and recs[1]["cross_rank"]["bitwise_equal"]
