@@ -226,5 +226,21 @@ def _under(path, folder) -> bool:
         return False
 
 
-__all__ = ["writable_dir", "check_writable", "check_writable_file", "write_atomic", "read_regular",
+__all__ = ["writable_dir", "check_writable", "check_writable_file", "write_atomic", "read_regular", "read_json",
            "ReportWriteError", "write_failure", "failed_write", "STOPPED_TAKING_WRITES"]
+
+
+def read_json(p) -> tuple[object, str | None]:
+    """A report file's JSON, read without blocking (`read_regular`): (data, None), or (None, what is wrong with it —
+    'cannot be read (…)', 'is not UTF-8 text (…)', 'is not valid JSON (…)') for a message that names the file."""
+    import json
+
+    try:
+        return json.loads(read_regular(p).decode()), None
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or type(e).__name__})"
+    except UnicodeDecodeError as e:
+        return None, f"is not UTF-8 text ({e})"
+    except (json.JSONDecodeError, RecursionError) as e:
+        return None, f"is not valid JSON ({e})"
+

@@ -235,16 +235,8 @@ def read_cases(path: str | os.PathLike) -> dict | None:
     p = Path(path)
     if not _exists(p):
         return None
-    what = None
-    try:
-        d = json.loads(fsio.read_regular(p).decode())
-    except OSError as e:
-        what = f"cannot be read ({e.strerror or type(e).__name__})"
-    except UnicodeDecodeError as e:
-        what = f"is not UTF-8 text ({e})"
-    except (json.JSONDecodeError, RecursionError) as e:
-        what = f"is not valid JSON ({e})"
-    else:
+    d, what = fsio.read_json(p)
+    if what is None:
         if not isinstance(d, dict):
             what = f"must be a JSON object with the run's case keys (\"keys\"), found {type(d).__name__}"
         elif not isinstance(d.get("keys"), list) or not all(isinstance(k, str) for k in d["keys"]):

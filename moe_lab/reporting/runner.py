@@ -557,16 +557,8 @@ def _check_index(p: Path) -> None:
     rows with INDEX_ROW's fields. ValueError in one line naming the file and what to do otherwise."""
     if not (p.exists() or p.is_symlink()):
         return
-    what = None
-    try:
-        d = json.loads(fsio.read_regular(p).decode())
-    except OSError as e:
-        what = f"cannot be read ({e.strerror or type(e).__name__})"
-    except UnicodeDecodeError as e:
-        what = f"is not UTF-8 text ({e})"
-    except (json.JSONDecodeError, RecursionError) as e:
-        what = f"is not valid JSON ({e})"
-    else:
+    d, what = fsio.read_json(p)
+    if what is None:
         if not isinstance(d, dict):
             what = f"must hold a JSON object, found {type(d).__name__}"
         elif not isinstance(d.get("notebooks", []), list):
