@@ -165,13 +165,46 @@ def append(path: str | os.PathLike, records: list[dict], **common) -> list[dict]
     try:
         with _locked(p):
             old = _existing(p)
-            data = (_read(old) if old is not None else []) + new  # ResultsFileError on a bad file: nothing written
-            fsio.write_atomic(p, json.dumps(data, indent=1, default=_default))
+            body = _as_written(p) if old == p else None
+            if body is None:  # ResultsFileError on a bad file: nothing written
+                body = _dumps(_read(old) if old is not None else [])
+            text = _dumps(new) if body == _EMPTY else body[:-len(_TAIL)] + b",\n" + _dumps(new)[len(_HEAD):]
+            fsio.write_atomic(p, text)
+            _WRITTEN[str(p)] = (_signature(p), text)
     except OSError as e:
         if e.errno is None or e.filename == str(p) and e.filename2 is None:
             raise
         raise OSError(e.errno, e.strerror, str(p)) from e  # its subclass by errno (IsADirectoryError, ...)
     return new
+
+
+_HEAD, _TAIL, _EMPTY = b"[\n", b"\n]\n", b"[]\n"
+_WRITTEN: dict[str, tuple[tuple, bytes]] = {}
+"""What this process last wrote to each results.json (the file's identity after the write, its bytes). An append
+reads the file again only if it changed since: each notebook's kernel reads it once, not once per case, and a
+change by another process (or by hand) is read and checked as before."""
+
+
+def _dumps(records: list[dict]) -> bytes:
+    """A JSON list, one record per line: Python's C encoder (the pure-Python one serves `indent` and is 3x slower),
+    and a file that grep and diff still read line by line."""
+    if not records:
+        return _EMPTY
+    return _HEAD + b",\n".join(json.dumps(r, default=_default).encode() for r in records) + _TAIL
+
+
+def _signature(p: Path) -> tuple:
+    st = os.stat(p)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _as_written(p: Path) -> bytes | None:
+    """The bytes of `p` as this process last wrote them, if it is still that file; None if it changed or is new."""
+    held = _WRITTEN.get(str(p))
+    try:
+        return held[1] if held is not None and held[0] == _signature(p) else None
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..config import ClusterConfig
 from . import attached, bring_up, calls, processes, restart, spares
 from .diagnosis import ClusterError
-from .launchers import check_devices, launcher_settings, profile_parent
+from .launchers import check_devices, heartbeat_settings, launcher_settings, profile_parent
 from .placement import default_config, visible_gpus
 from .state import ClusterState
 
@@ -116,7 +116,8 @@ class Cluster:
             if ipp_log.level == logging.NOTSET:
                 ipp_log.setLevel(logging.ERROR)
             st.ipp = ipp.Cluster(n=cfg.engines, profile_dir=st.profile_dir, log=ipp_log,
-                                 engine_timeout=int(cfg.start_timeout_s), delay=0.1, **settings)
+                                 engine_timeout=int(cfg.start_timeout_s), delay=0.1,
+                                 **heartbeat_settings(settings))
             logger.info("starting %d %s engines (launcher %s)", cfg.engines, cfg.device, cfg.launcher)
             st.ipp.start_cluster_sync(n=cfg.engines)
             st.client = st.ipp.connect_client_sync()

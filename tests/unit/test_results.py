@@ -28,6 +28,32 @@ def test_append_and_load_round_trip(tmp_path):
     assert list(df["cross_rank.mismatch_frac"].round(2)) == [0.1, 0.2, 0.3]
 
 
+def test_an_append_reads_the_file_again_only_when_someone_else_changed_it(tmp_path, monkeypatch):
+    """Each append writes the whole list, one record per line; the file is read again only where it is not what
+    this process wrote last (the control: a change made by hand between two appends is read, kept and checked)."""
+    p = tmp_path / "results.json"
+    reads = []
+    real = results._read
+    monkeypatch.setattr(results, "_read", lambda q: reads.append(q) or real(q))
+    for i in range(5):
+        results.append(p, [_rec(i)], notebook="01")
+    assert reads == []  # the file was this process's own every time
+    lines = p.read_text().splitlines()
+    assert lines[0] == "[" and lines[-1] == "]" and len(lines) == 7  # one record per line
+    import json
+
+    edited = json.loads(p.read_text())
+    edited[0]["cut"] = 7
+    p.write_text(json.dumps(edited))  # by hand, in place: the same inode, another size and time
+    results.append(p, [_rec(9)], notebook="01")
+    assert reads == [p]
+    assert [r["cut"] for r in results.load(p)] == [7, 90, 90, 90, 90, 90]
+    p.write_text('[{"a": 1}, {"b": ')  # broken by someone else: refused, not overwritten
+    with pytest.raises(ResultsFileError, match="is not valid JSON"):
+        results.append(p, [_rec(10)], notebook="01")
+    assert p.read_text() == '[{"a": 1}, {"b": '
+
+
 @pytest.mark.parametrize("content, message", [
     ('[{"a": 1}, {"b": ', "is not valid JSON"),  # a partial write by something else
     ("", "is not valid JSON"),
