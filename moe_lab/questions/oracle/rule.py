@@ -1,0 +1,348 @@
+"""The rule that says whether a bf16 run's gap is what rounding gives: measured bands, not a hand-set threshold.
+
+The truth is the same function computed in fp64 from the same bf16 weights and tokens (upcast), so a bf16 run's
+distance to it is its arithmetic's rounding alone. Per element, a run's error is counted in ULPs of the truth's bf16
+value (the spacing of bf16 numbers at `round_bf16(truth)`), signed, and relative (`(run - truth) / |truth|`).
+
+Statistics (`error_stats`), per group of elements (the whole tensor, each expert's tokens, each stage — whatever
+labels the caller gives): the median, p99, p99.9 and max of |error| in ULP; the mean signed error in ULP (a bias) and
+its standard error; the same quantiles of |relative error|; and each ULP statistic's own sampling noise, measured
+from the data as the |difference| between the statistic on the group's even and odd elements.
+
+Judging (`judge_runs`), for each group g and statistic s: the band of the known-correct set C (reruns and other
+correct layouts, or the runs a user declares known-good) is [lo, hi], the range of s_g over C — leave-one-out for a
+run of C (its band is the others'). A run is out of band where
+
+    s_g(run) > hi + (hi - lo) + noise_g,s
+
+(noise: the largest half-split noise of that statistic among the run and the band's runs), and its bias is out of
+band where the mean signed error is farther than 4 standard errors outside [lo - w, hi + w] of C's means (w = hi -
+lo) and itself more than 4 standard errors from zero. A run out of band anywhere is "not explained by rounding"
+(naming the first group in the order the statistics were given — stages first to last —, the statistic, its value
+and the band). A pair of in-band runs is "expected", with the tolerance the pair needs (`pair_gap`).
+
+Torch-free at import: everything here works on numpy arrays (float64 views of bf16 values; `as_float64` takes a
+torch tensor too) and on the plain dicts a record carries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+ULP_STATISTICS = ("median", "p99", "p999", "max")
+"""The quantiles of |error in ULP| judged per group, in order (p999: the 99.9th percentile)."""
+BIAS = "mean"
+"""The signed mean error in ULP, judged as a bias."""
+BIAS_SIGMAS = 4.0
+"""How many standard errors a bias must clear (from zero and from the widened band of C's means) to be out of band."""
+ALL = "all"
+"""The group every element belongs to."""
+_QUANTILES = {"median": 50.0, "p99": 99.0, "p999": 99.9, "max": 100.0}
+_BF16_MIN_NORMAL_EXP = -126
+_BF16_MANTISSA = 8  # significand bits, the implicit one included
+
+
+def as_float64(x) -> np.ndarray:
+    """A flat float64 numpy array of `x` (numpy array, torch tensor of any float dtype, or a sequence); bf16 and fp32
+    values are exact in float64."""
+    if hasattr(x, "detach"):  # a torch tensor, without importing torch here
+        x = x.detach().to("cpu")
+        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+            x = x.float()
+        x = x.double().numpy()
+    return np.asarray(x, dtype=np.float64).reshape(-1)
+
+
+def round_bf16(x: np.ndarray) -> np.ndarray:
+    """`x` rounded to the nearest bf16 value (ties to even), as float64; NaN and inf kept."""
+    x = np.asarray(x, dtype=np.float64)
+    f = x.astype(np.float32)  # fp64 -> fp32 rounds once; the double rounding this can make is at most one bf16 ULP
+    bits = f.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    out = rounded.view(np.float32).astype(np.float64)
+    return np.where(np.isfinite(x), out, x)
+
+
+def bf16_ulp(truth: np.ndarray) -> np.ndarray:
+    """The spacing of bf16 values at the truth's bf16 value: 2**(exponent - 7), at least the subnormal spacing 2**-133."""
+    r = np.abs(round_bf16(truth))
+    r = np.where(np.isfinite(r), r, np.finfo(np.float32).max)
+    _, e = np.frexp(r)  # r = m * 2**e with m in [0.5, 1): exponent(r) = e - 1
+    e = np.maximum(e - 1, _BF16_MIN_NORMAL_EXP)
+    return np.ldexp(1.0, e - (_BF16_MANTISSA - 1))
+
+
+def errors(run, truth) -> tuple[np.ndarray, np.ndarray]:
+    """Per element: the signed error in ULPs of the truth's bf16 value, and the signed relative error (0 where the
+    truth is 0 and the run too; inf where only the truth is 0)."""
+    r, t = as_float64(run), as_float64(truth)
+    if r.shape != t.shape:
+        raise ValueError(f"run and truth must have as many elements: {r.size} vs {t.size}")
+    d = r - t
+    ulp = d / bf16_ulp(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(t != 0, d / np.abs(t), np.where(d == 0, 0.0, np.inf))
+    return ulp, rel
+
+
+def _quantiles(a: np.ndarray) -> dict[str, float]:
+    if a.size == 0:
+        return {s: float("nan") for s in ULP_STATISTICS}
+    qs = np.percentile(a, [_QUANTILES[s] for s in ULP_STATISTICS])
+    return {s: float(v) for s, v in zip(ULP_STATISTICS, qs)}
+
+
+def _one_group(ulp: np.ndarray, rel: np.ndarray) -> dict:
+    a = np.abs(ulp)
+    n = int(a.size)
+    stats = {"n": n, **_quantiles(a)}
+    stats["mean"] = float(ulp.mean()) if n else float("nan")
+    stats["mean_se"] = float(ulp.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+    # each statistic's sampling noise: the same statistic on the even and the odd elements
+    even, odd = _quantiles(a[0::2]), _quantiles(a[1::2])
+    stats["noise"] = {s: (abs(even[s] - odd[s]) if n > 1 else float("inf")) for s in ULP_STATISTICS}
+    rq = _quantiles(np.abs(rel[np.isfinite(rel)]))
+    stats["rel"] = {s: rq[s] for s in ("median", "p99", "max")}
+    return stats
+
+
+def error_stats(run, truth, labels=None, *, prefix: str = "") -> dict[str, dict]:
+    """A run's error statistics against the truth, per group: `prefix + "all"` for every element, then
+    `prefix + str(label)` for each distinct label (in sorted order) where `labels` gives one per element (e.g. the
+    expert a token went to in the truth, repeated over the hidden dimension; a negative integer label or None-like
+    value leaves an element out of every labelled group, not out of "all").
+
+    Each group's dict: n, median / p99 / p999 / max of |error in ULP|, mean (signed, ULP), mean_se, noise (per ULP
+    statistic: the half-split difference) and rel (median / p99 / max of |relative error|). Plain floats, for a
+    record's JSON."""
+    ulp, rel = errors(run, truth)
+    out = {prefix + ALL: _one_group(ulp, rel)}
+    if labels is not None:
+        lab = np.asarray(labels).reshape(-1)
+        if lab.shape != ulp.shape:
+            raise ValueError(f"labels must give one label per element: {lab.size} labels for {ulp.size} elements")
+        keep = np.ones(lab.shape, bool)
+        if lab.dtype.kind in "iu":
+            keep = lab >= 0
+        for g in sorted(set(lab[keep].tolist())):
+            m = keep & (lab == g)
+            out[f"{prefix}{g}"] = _one_group(ulp[m], rel[m])
+    return out
+
+
+@dataclass(frozen=True)
+class Band:
+    """The known-correct runs' range of one statistic in one group, and the limit a run may reach."""
+    lo: float
+    hi: float
+    noise: float
+    runs: tuple[str, ...]
+    """The runs the band was measured from."""
+
+    @property
+    def limit(self) -> float:
+        return self.hi + (self.hi - self.lo) + self.noise
+
+
+@dataclass(frozen=True)
+class Departure:
+    """One statistic of one group out of band: what was measured against what the known-correct runs allow."""
+    group: str
+    statistic: str
+    value: float
+    band: Band
+    sigmas: float | None = None
+    """For a bias: how many standard errors the mean lies outside the widened band (None for a ULP quantile)."""
+
+    def words(self) -> str:
+        if self.statistic == BIAS:
+            return (f"{self.group}: mean signed error {self.value:+.3g} ULP, {self.sigmas:.1f} standard errors outside "
+                    f"the known-correct runs' means [{self.band.lo:+.3g}, {self.band.hi:+.3g}] widened by their spread")
+        return (f"{self.group}: {self.statistic} |error| {self.value:.3g} ULP > limit {self.band.limit:.3g} (known-"
+                f"correct runs [{self.band.lo:.3g}, {self.band.hi:.3g}], noise {self.band.noise:.3g})")
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """One run against the known-correct set: in band everywhere, or where it departs."""
+    run: str
+    in_band: bool
+    departures: tuple[Departure, ...] = ()
+    """Every group and statistic out of band, in the order the groups were given (stages first to last)."""
+    band_runs: tuple[str, ...] = ()
+    """The runs its bands came from (leave-one-out: not the run itself)."""
+    judged: bool = True
+    """False where there was no known-correct run to measure a band from (fewer than two: no spread)."""
+
+    @property
+    def first(self) -> Departure | None:
+        return self.departures[0] if self.departures else None
+
+    def excess(self) -> float:
+        """How far the worst ULP departure lies past its limit, as a ratio value / limit (1.0 when in band)."""
+        r = [d.value / d.band.limit for d in self.departures if d.statistic != BIAS and d.band.limit > 0]
+        return max(r, default=1.0)
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def _band(values: Sequence[float], noises: Sequence[float], runs: Sequence[str]) -> Band:
+    return Band(lo=float(min(values)), hi=float(max(values)), noise=float(max(noises)), runs=tuple(runs))
+
+
+def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapping[str, dict]]) -> RunVerdict:
+    """One run's statistics (`error_stats`' dicts, any number of prefixes merged) against the known-correct runs'
+    (run name → their statistics, the run itself left out by the caller). Groups the run has and the band's runs
+    lack are not judged. With fewer than two known-correct runs there is no measured spread: `judged` is False."""
+    names = [n for n in band_stats if n != run]
+    if len(names) < 2:
+        return RunVerdict(run=run, in_band=True, band_runs=tuple(names), judged=False)
+    deps = []
+    for g, s in stats.items():
+        others = [band_stats[n][g] for n in names if g in band_stats[n]]
+        if len(others) < 2 or not s.get("n"):
+            continue
+        for st in ULP_STATISTICS:
+            vals = [o[st] for o in others]
+            if any(not math.isfinite(v) for v in vals) or not math.isfinite(s[st]):
+                continue
+            noise = max([s["noise"][st]] + [o["noise"][st] for o in others])
+            b = _band(vals, [noise], names)
+            if s[st] > b.limit:
+                deps.append(Departure(group=g, statistic=st, value=float(s[st]), band=b))
+        means = [o[BIAS] for o in others]
+        b = _band(means, [0.0], names)
+        w = b.hi - b.lo
+        m, se = s[BIAS], s["mean_se"]
+        outside = max(b.lo - w - m, m - (b.hi + w), 0.0)
+        if se > 0 and math.isfinite(se) and abs(m) > BIAS_SIGMAS * se and outside > BIAS_SIGMAS * se:
+            deps.append(Departure(group=g, statistic=BIAS, value=float(m), band=b, sigmas=float(outside / se)))
+        elif se == 0 and outside > 0 and m != 0:
+            deps.append(Departure(group=g, statistic=BIAS, value=float(m), band=b, sigmas=float("inf")))
+    return RunVerdict(run=run, in_band=not deps, departures=tuple(deps), band_runs=tuple(names))
+
+
+def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
+               known_good: Iterable[str] | None = None) -> dict[str, RunVerdict]:
+    """Every run judged against the known-correct set C (`known_good`, default: every run): a run of C against the
+    others of C (leave-one-out), any other run against all of C. Returns run name → `RunVerdict`, in the given order."""
+    names = list(stats_by_run)
+    good = list(names if known_good is None else known_good)
+    unknown = [n for n in good if n not in stats_by_run]
+    if unknown:
+        raise ValueError(f"known_good names runs without statistics: {unknown}; the runs are {names}")
+    band = {n: stats_by_run[n] for n in good}
+    return {n: judge_run(n, stats_by_run[n], {k: v for k, v in band.items() if k != n}) for n in names}
+
+
+def bf16_ordered(x: np.ndarray) -> np.ndarray:
+    """bf16 values (given as float64, exactly representable) mapped to int64 so adjacent bf16 values differ by 1."""
+    b = (as_float64(x).astype(np.float32).view(np.uint32) >> 16).astype(np.int64)
+    mag = b & 0x7FFF
+    return np.where(b & 0x8000, -mag, mag)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What a pair of bf16 runs needs to pass a tolerance check: |A - B| measured, and the `assert_close` that
+    passes on it (rtol: the ULP p99.9 among elements at least the median magnitude, at bf16's widest relative
+    spacing 2**-7 per ULP; atol: the largest remainder |A - B| - rtol |B|)."""
+    n: int
+    differ: int
+    """Elements whose bits differ (of n)."""
+    p999_ulp: float
+    max_ulp: float
+    p999_abs: float
+    max_abs: float
+    max_rel: float
+    atol: float
+    rtol: float
+
+    @property
+    def bitwise_fraction(self) -> float:
+        return self.differ / self.n if self.n else 0.0
+
+    def assert_close(self) -> str:
+        return f"torch.testing.assert_close(a, b, atol={self.atol:.3g}, rtol={self.rtol:.3g})"
+
+    def words(self) -> str:
+        return (f"{self.differ:,} of {self.n:,} elements differ in their bits; |A-B| p99.9 {self.p999_ulp:.3g} ULP "
+                f"({self.p999_abs:.3g}), max {self.max_ulp:.3g} ULP ({self.max_abs:.3g}), max rel {self.max_rel:.3g}; "
+                f"{self.assert_close()}")
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def pair_gap(a, b) -> Tolerance:
+    """The gap between two bf16 runs (float64 views of bf16 values, or bf16 tensors) and the tolerance it needs."""
+    x, y = as_float64(a), as_float64(b)
+    if x.shape != y.shape:
+        raise ValueError(f"a and b must have as many elements: {x.size} vs {y.size}")
+    n = int(x.size)
+    ulp = np.abs(bf16_ordered(x) - bf16_ordered(y)).astype(np.float64)
+    d = np.abs(x - y)
+    differ = int((ulp != 0).sum())
+    if n == 0 or differ == 0:
+        return Tolerance(n=n, differ=0, p999_ulp=0.0, max_ulp=0.0, p999_abs=0.0, max_abs=0.0, max_rel=0.0,
+                         atol=0.0, rtol=0.0)
+    denom = np.maximum(np.abs(x), np.abs(y))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(denom > 0, d / denom, 0.0)
+    p999_ulp = float(np.percentile(ulp, 99.9))
+    # rtol from the ULP gap where values are not near a cancellation (|B| at least its median): there a ULP is a
+    # relative step of at most 2**-7; the elements near zero, many ULPs apart by little, are what atol covers
+    large = np.abs(y) >= np.median(np.abs(y))
+    rtol = max(float(np.percentile(ulp[large], 99.9)), 1.0) * 2.0 ** -7
+    atol = float(np.max(np.maximum(d - rtol * np.abs(y), 0.0)))
+    return Tolerance(n=n, differ=differ, p999_ulp=p999_ulp, max_ulp=float(ulp.max()),
+                     p999_abs=float(np.percentile(d, 99.9)), max_abs=float(d.max()), max_rel=float(rel.max()),
+                     atol=atol, rtol=rtol)
+
+
+@dataclass(frozen=True)
+class PairVerdict:
+    """Two runs: expected (both in band; their gap is what reordering gives) with the tolerance they need, or not
+    explained by rounding (naming the run farther from the truth, by how much, and where it first departs)."""
+    a: str
+    b: str
+    expected: bool
+    tolerance: Tolerance | None
+    why: str
+    farther: tuple[str, ...] = field(default_factory=tuple)
+    """The run(s) out of band (empty when expected)."""
+    judged: bool = True
+
+    def __str__(self) -> str:
+        head = ("expected: both are bf16 computations of the truth of the same quality" if self.expected else
+                "not explained by rounding") if self.judged else "not judged"
+        tol = f"\n  gap: {self.tolerance.words()}" if self.tolerance is not None else ""
+        return f"{self.a} vs {self.b}: {head}\n  {self.why}{tol}"
+
+    def asdict(self) -> dict:
+        return asdict(self)
+
+
+def pair_verdict(a: RunVerdict, b: RunVerdict, tolerance: Tolerance | None = None) -> PairVerdict:
+    """The verdict on a pair from its two runs' verdicts (and the gap between them, where the caller measured it)."""
+    if not (a.judged and b.judged):
+        return PairVerdict(a.run, b.run, expected=False, tolerance=tolerance, judged=False,
+                           why="fewer than two known-correct runs to measure a band from; no verdict")
+    bad = [v for v in (a, b) if not v.in_band]
+    if not bad:
+        return PairVerdict(a.run, b.run, expected=True, tolerance=tolerance,
+                           why="both within the known-correct runs' bands in every group and statistic")
+    why = "; ".join(f"{v.run} is farther from the truth than the known-correct runs (worst ULP statistic "
+                    f"{v.excess():.3g}x its limit; {len(v.departures)} group statistic(s) out of band); first "
+                    f"departs at {v.first.words()}" for v in bad)
+    return PairVerdict(a.run, b.run, expected=False, tolerance=tolerance, why=why, farther=tuple(v.run for v in bad))
+
+
+__all__ = ["ULP_STATISTICS", "BIAS", "BIAS_SIGMAS", "ALL", "as_float64", "round_bf16", "bf16_ulp", "errors",
+           "error_stats", "Band", "Departure", "RunVerdict", "judge_run", "judge_runs", "bf16_ordered", "Tolerance",
+           "pair_gap", "PairVerdict", "pair_verdict"]
