@@ -6,19 +6,47 @@ bf16 keeps 8 significand bits, so one ULP at |x| in [1, 2) is 2**-7 = 0.0078 —
 
 from __future__ import annotations
 
+import functools
 import math
-
-import torch
 
 from .records import Comparison
 
-# dtype → (integer view dtype, bits, mantissa bits incl. the implicit one)
-_FORMATS = {
-    torch.bfloat16: (torch.int16, 16, 8),
-    torch.float16: (torch.int16, 16, 11),
-    torch.float32: (torch.int32, 32, 24),
-    torch.float64: (torch.int64, 64, 53),
-}
+
+class _Torch:
+    """torch, imported at its first use: the controller side (a notebook's kernel) reads records with this module's
+    pure-number functions and never needs torch's 1.5 s import for that; the engines' tensors bring it."""
+
+    def __getattr__(self, name):
+        import torch as real
+
+        return getattr(real, name)
+
+
+torch = _Torch()
+
+
+class _Formats(dict):
+    """dtype → (integer view dtype, bits, mantissa bits incl. the implicit one), filled at first use."""
+
+    @functools.cached_property
+    def _filled(self) -> bool:
+        import torch as real
+
+        self.update({real.bfloat16: (real.int16, 16, 8), real.float16: (real.int16, 16, 11),
+                     real.float32: (real.int32, 32, 24), real.float64: (real.int64, 64, 53)})
+        return True
+
+    def __getitem__(self, k):
+        return self._filled and super().__getitem__(k)
+
+    def __contains__(self, k):
+        return self._filled and super().__contains__(k)
+
+    def __iter__(self):
+        return self._filled and super().__iter__()
+
+
+_FORMATS = _Formats()
 
 
 def _format(dtype: torch.dtype):
@@ -254,10 +282,6 @@ def _fp_weights(width: int, rows: int, device) -> tuple[torch.Tensor, torch.Tens
     return table[:, :width], row
 
 
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_UNSIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
-
-
 def _bit_view(x: torch.Tensor) -> torch.Tensor:
     """The tensor's bits as an integer tensor of the same shape and strides (no copy), one word per element unless
     int64 (two words): float formats as their int view, other floats (fp8 and friends) as same-size ints (bytes
@@ -267,8 +291,9 @@ def _bit_view(x: torch.Tensor) -> torch.Tensor:
     if x.is_complex():
         return _bit_view(torch.view_as_real(x))
     if x.is_floating_point():
-        return x.view(_SAME_SIZE_INT[x.element_size()])
-    return x.view(_UNSIGNED_VIEW[x.dtype]) if x.dtype in _UNSIGNED_VIEW else x
+        return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    unsigned = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+    return x.view(unsigned[x.dtype]) if x.dtype in unsigned else x
 
 
 def fingerprint(x: torch.Tensor, *, chunk: int | None = None) -> str:

@@ -312,7 +312,7 @@ def describe() -> dict:
         "local_rank": STATE.get("local_rank"),
         "pid": os.getpid(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: unpickling TorchVersion imports torch in the kernel
         **libs,
         "megatron_core": compat.installed_version(),
         "megatron_path": os.path.dirname(sys.modules["megatron.core"].__file__),

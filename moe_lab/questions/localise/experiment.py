@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...run_config import RunConfig
+    import torch
 
-import torch
+    from ...run_config import RunConfig
 
 from . import QUESTION
 from .record import CollectiveRecord, LocaliseCase, StageRecord
@@ -55,6 +55,8 @@ def tokens_per_expert(cache) -> list[int] | None:
 
 def copy_parts(t: torch.Tensor, kind: str, world: int, tpe: list[int] | None) -> list[torch.Tensor] | str:
     """Split a rank-local tensor into its `world` copies (each the concatenation of its parts), or say why not."""
+    import torch
+
     n = t.shape[0]
     if kind == COPIES:
         if n % world:
