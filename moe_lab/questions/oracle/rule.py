@@ -110,7 +110,8 @@ def _one_group(ulp: np.ndarray, rel: np.ndarray) -> dict:
     return stats
 
 
-def error_stats(run, truth, labels=None, *, prefix: str = "") -> dict[str, dict]:
+def error_stats(run, truth, labels=None, *, prefix: str = "", masks: Mapping[str, np.ndarray] | None = None,
+                keep=None) -> dict[str, dict]:
     """A run's error statistics against the truth, per group: `prefix + "all"` for every element, then
     `prefix + str(label)` for each distinct label (in sorted order) where `labels` gives one per element (e.g. the
     expert a token went to in the truth, repeated over the hidden dimension; a negative integer label or None-like
@@ -118,19 +119,31 @@ def error_stats(run, truth, labels=None, *, prefix: str = "") -> dict[str, dict]
 
     Each group's dict: n, median / p99 / p999 / max of |error in ULP|, mean (signed, ULP), mean_se, noise (per ULP
     statistic: the half-split difference) and rel (median / p99 / max of |relative error|). Plain floats, for a
-    record's JSON."""
+    record's JSON.
+
+    `masks`: more groups, name → boolean mask over the elements (they may overlap: a token's elements belong to each
+    of its k experts), after the labelled groups. `keep`: a boolean mask of the elements measured at all (e.g. not
+    the tokens whose routing flipped, which are judged by their margin instead); every group is taken within it."""
     ulp, rel = errors(run, truth)
-    out = {prefix + ALL: _one_group(ulp, rel)}
+    kept = np.ones(ulp.shape, bool) if keep is None else np.asarray(keep, bool).reshape(-1)
+    if kept.shape != ulp.shape:
+        raise ValueError(f"keep must give one flag per element: {kept.size} for {ulp.size} elements")
+    out = {prefix + ALL: _one_group(ulp[kept], rel[kept])}
     if labels is not None:
         lab = np.asarray(labels).reshape(-1)
         if lab.shape != ulp.shape:
             raise ValueError(f"labels must give one label per element: {lab.size} labels for {ulp.size} elements")
-        keep = np.ones(lab.shape, bool)
+        labelled = kept.copy()
         if lab.dtype.kind in "iu":
-            keep = lab >= 0
-        for g in sorted(set(lab[keep].tolist())):
-            m = keep & (lab == g)
+            labelled &= lab >= 0
+        for g in sorted(set(lab[labelled].tolist())):
+            m = labelled & (lab == g)
             out[f"{prefix}{g}"] = _one_group(ulp[m], rel[m])
+    for name, mask in (masks or {}).items():
+        m = np.asarray(mask, bool).reshape(-1)
+        if m.shape != ulp.shape:
+            raise ValueError(f"mask {name!r} must give one flag per element: {m.size} for {ulp.size} elements")
+        out[prefix + name] = _one_group(ulp[m & kept], rel[m & kept])
     return out
 
 
@@ -159,6 +172,9 @@ class Departure:
     """For a bias: how many standard errors the mean lies outside the widened band (None for a ULP quantile)."""
 
     def words(self) -> str:
+        if self.statistic == FLIP:
+            return (f"routing: a token's top-k set differs from the truth's at a margin of {self.value:.3g} ULP, beyond "
+                    f"the {self.band.limit:.3g} ULP two router scores can move by the known-correct runs' rounding")
         if self.statistic == BIAS:
             return (f"{self.group}: mean signed error {self.value:+.3g} ULP, {self.sigmas:.1f} standard errors outside "
                     f"the known-correct runs' means [{self.band.lo:+.3g}, {self.band.hi:+.3g}] widened by their spread")
@@ -227,17 +243,60 @@ def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapp
     return RunVerdict(run=run, in_band=not deps, departures=tuple(deps), band_runs=tuple(names))
 
 
+FLIP = "flip margin"
+"""The statistic of the routing group: the largest margin (k-th minus (k+1)-th router score of the truth, in ULPs of
+bf16 at the k-th) among the tokens whose top-k set differs from the truth's."""
+ROUTING = "routing"
+
+
+def flip_limit(band_stats: Mapping[str, Mapping[str, dict]], scores_group: str) -> float | None:
+    """The largest margin a rounding flip can have: twice the known-correct runs' limit on the max |error| of the
+    router scores (each of the two scores at the boundary may be off by that much); None without two such runs."""
+    vals = [s[scores_group] for s in band_stats.values() if scores_group in s and s[scores_group].get("n")]
+    if len(vals) < 2:
+        return None
+    b = _band([v["max"] for v in vals], [v["noise"]["max"] for v in vals], tuple(band_stats))
+    return 2.0 * b.limit
+
+
+def judge_flips(run_verdict: RunVerdict, flipped_margins: Sequence[float], limit: float | None) -> RunVerdict:
+    """`run_verdict` with a routing departure added where a token flipped at a margin beyond `limit` (`flip_limit`):
+    flips at margins of a few ULP are what rounding gives; one at a larger margin is not."""
+    if limit is None or not len(flipped_margins):
+        return run_verdict
+    worst = float(max(flipped_margins))
+    if worst <= limit:
+        return run_verdict
+    d = Departure(group=ROUTING, statistic=FLIP, value=worst, band=Band(lo=limit, hi=limit, noise=0.0,
+                                                                        runs=run_verdict.band_runs))
+    return RunVerdict(run=run_verdict.run, in_band=False, departures=(d, *run_verdict.departures),
+                      band_runs=run_verdict.band_runs, judged=run_verdict.judged)
+
+
 def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
-               known_good: Iterable[str] | None = None) -> dict[str, RunVerdict]:
+               known_good: Iterable[str] | None = None, *,
+               flipped_margins: Mapping[str, Sequence[float]] | None = None,
+               scores_group: str = "router.logits/all") -> dict[str, RunVerdict]:
     """Every run judged against the known-correct set C (`known_good`, default: every run): a run of C against the
-    others of C (leave-one-out), any other run against all of C. Returns run name → `RunVerdict`, in the given order."""
+    others of C (leave-one-out), any other run against all of C. Returns run name → `RunVerdict`, in the given order.
+
+    `flipped_margins`: per run, the truth's margins (ULP) of its tokens whose top-k set differs from the truth's;
+    judged against `flip_limit` of its band's `scores_group` (a routing departure comes first: routing precedes the
+    expert outputs)."""
     names = list(stats_by_run)
     good = list(names if known_good is None else known_good)
     unknown = [n for n in good if n not in stats_by_run]
     if unknown:
         raise ValueError(f"known_good names runs without statistics: {unknown}; the runs are {names}")
     band = {n: stats_by_run[n] for n in good}
-    return {n: judge_run(n, stats_by_run[n], {k: v for k, v in band.items() if k != n}) for n in names}
+    out = {}
+    for n in names:
+        others = {k: v for k, v in band.items() if k != n}
+        v = judge_run(n, stats_by_run[n], others)
+        if flipped_margins and v.judged:
+            v = judge_flips(v, flipped_margins.get(n, ()), flip_limit(others, scores_group))
+        out[n] = v
+    return out
 
 
 def bf16_ordered(x: np.ndarray) -> np.ndarray:
@@ -345,4 +404,4 @@ def pair_verdict(a: RunVerdict, b: RunVerdict, tolerance: Tolerance | None = Non
 
 __all__ = ["ULP_STATISTICS", "BIAS", "BIAS_SIGMAS", "ALL", "as_float64", "round_bf16", "bf16_ulp", "errors",
            "error_stats", "Band", "Departure", "RunVerdict", "judge_run", "judge_runs", "bf16_ordered", "Tolerance",
-           "pair_gap", "PairVerdict", "pair_verdict"]
+           "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "ROUTING", "flip_limit", "judge_flips"]
