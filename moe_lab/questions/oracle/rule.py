@@ -7,7 +7,8 @@ value (the spacing of bf16 numbers at `round_bf16(truth)`), signed, and relative
 Statistics (`error_stats`), per group of elements (the whole tensor, each expert's tokens, each stage — whatever
 labels the caller gives): the median, p99, p99.9 and max of |error| in ULP; the mean signed error in ULP (a bias) and
 its standard error; the same quantiles of |relative error|; and each ULP statistic's own sampling noise, measured
-from the data as the |difference| between the statistic on the group's even and odd elements.
+from the data as the largest |difference| between the statistic on two halves of the group's elements over
+`SPLITS` splits (even/odd, first/second, seeded shuffles).
 
 Judging (`judge_runs`), for each group g and statistic s: the band of the known-correct set C (reruns and other
 correct layouts, or the runs a user declares known-good) is [lo, hi], the range of s_g over C — leave-one-out for a
@@ -15,7 +16,7 @@ run of C (its band is the others'). A run is out of band where
 
     s_g(run) > hi + (hi - lo) + noise_g,s
 
-(noise: the largest half-split noise of that statistic among the run and the band's runs), and its bias is out of
+(noise: the largest split-half noise of that statistic among the run and the band's runs), and its bias is out of
 band where the mean signed error is farther than 4 standard errors outside [lo - w, hi + w] of C's means (w = hi -
 lo) and itself more than 4 standard errors from zero. A run out of band anywhere is "not explained by rounding"
 (naming the first group in the order the statistics were given — stages first to last —, the statistic, its value
@@ -96,15 +97,33 @@ def _quantiles(a: np.ndarray) -> dict[str, float]:
     return {s: float(v) for s, v in zip(ULP_STATISTICS, qs)}
 
 
+SPLITS = 4
+"""Half-splits a statistic's noise is measured over (`error_stats`)."""
+
+
+def _split_noise(a: np.ndarray) -> dict[str, float]:
+    n = a.size
+    if n < 2:
+        return {s: float("inf") for s in ULP_STATISTICS}
+    halves = [(a[0::2], a[1::2]), (a[: n // 2], a[n // 2:])]
+    rng = np.random.default_rng(0)
+    for _ in range(SPLITS - 2):
+        perm = rng.permutation(n)
+        halves.append((a[perm[: n // 2]], a[perm[n // 2:]]))
+    diffs = [(_quantiles(x), _quantiles(y)) for x, y in halves]
+    return {s: float(max(abs(x[s] - y[s]) for x, y in diffs)) for s in ULP_STATISTICS}
+
+
 def _one_group(ulp: np.ndarray, rel: np.ndarray) -> dict:
     a = np.abs(ulp)
     n = int(a.size)
     stats = {"n": n, **_quantiles(a)}
     stats["mean"] = float(ulp.mean()) if n else float("nan")
     stats["mean_se"] = float(ulp.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
-    # each statistic's sampling noise: the same statistic on the even and the odd elements
-    even, odd = _quantiles(a[0::2]), _quantiles(a[1::2])
-    stats["noise"] = {s: (abs(even[s] - odd[s]) if n > 1 else float("inf")) for s in ULP_STATISTICS}
+    # each statistic's sampling noise: the largest |difference| of the statistic between the two halves of the
+    # group's elements over SPLITS splits (even/odd, first/second, seeded shuffles) — one split's difference alone
+    # can land near zero by chance, and a tail quantile's noise is what keeps a band of near-copies honest
+    stats["noise"] = _split_noise(a)
     rq = _quantiles(np.abs(rel[np.isfinite(rel)]))
     stats["rel"] = {s: rq[s] for s in ("median", "p99", "max")}
     return stats
@@ -118,7 +137,7 @@ def error_stats(run, truth, labels=None, *, prefix: str = "", masks: Mapping[str
     value leaves an element out of every labelled group, not out of "all").
 
     Each group's dict: n, median / p99 / p999 / max of |error in ULP|, mean (signed, ULP), mean_se, noise (per ULP
-    statistic: the half-split difference) and rel (median / p99 / max of |relative error|). Plain floats, for a
+    statistic: the split-half difference) and rel (median / p99 / max of |relative error|). Plain floats, for a
     record's JSON.
 
     `masks`: more groups, name → boolean mask over the elements (they may overlap: a token's elements belong to each
@@ -276,13 +295,17 @@ def judge_flips(run_verdict: RunVerdict, flipped_margins: Sequence[float], limit
 def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
                known_good: Iterable[str] | None = None, *,
                flipped_margins: Mapping[str, Sequence[float]] | None = None,
-               scores_group: str = "router.logits/all") -> dict[str, RunVerdict]:
+               scores_group: str = "router.logits/all",
+               leave_out: Mapping[str, Iterable[str]] | None = None) -> dict[str, RunVerdict]:
     """Every run judged against the known-correct set C (`known_good`, default: every run): a run of C against the
     others of C (leave-one-out), any other run against all of C. Returns run name → `RunVerdict`, in the given order.
 
     `flipped_margins`: per run, the truth's margins (ULP) of its tokens whose top-k set differs from the truth's;
     judged against `flip_limit` of its band's `scores_group` (a routing departure comes first: routing precedes the
-    expert outputs)."""
+    expert outputs).
+
+    `leave_out`: per run, more runs its band leaves out besides itself — e.g. a layout's own reruns, so that a layout
+    is held to the other layouts and not to copies of itself."""
     names = list(stats_by_run)
     good = list(names if known_good is None else known_good)
     unknown = [n for n in good if n not in stats_by_run]
@@ -291,7 +314,8 @@ def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
     band = {n: stats_by_run[n] for n in good}
     out = {}
     for n in names:
-        others = {k: v for k, v in band.items() if k != n}
+        out_of_band = {n, *((leave_out or {}).get(n, ()))}
+        others = {k: v for k, v in band.items() if k not in out_of_band}
         v = judge_run(n, stats_by_run[n], others)
         if flipped_margins and v.judged:
             v = judge_flips(v, flipped_margins.get(n, ()), flip_limit(others, scores_group))

@@ -1,0 +1,293 @@
+"""Notebook 08: is this gap expected? One case: the same global weights and tokens run in bf16 under each dispatcher
+x layout (`trials` times: reruns), under each planted fault (one layout each), and once in fp64 — the truth: the
+reference layout's bf16 weights and tokens upcast, so only the arithmetic differs. Rank 0 measures every run's error
+to the truth per stage (router.logits, router.probs on the truth's routed entries, the output, and the output of
+each expert's tokens by the truth's routing), the tokens whose top-k set differs from the truth's with their margin,
+and the gap between every two runs' outputs (`rule.pair_gap`). The verdicts are the findings' (`rule.judge_runs`).
+
+The fp64 truth is also computed under every layout, each from that layout's own bf16 weights upcast: its distance to
+the reference layout's truth says the truth does not depend on the layout (only then is one truth the truth of all).
+
+Planted faults (`FAULTS`), each a bug a sharding mistake makes, each on one layout only:
+- swap_experts: EP rank 0's two first local experts hold each other's weights (an expert index mapped wrong);
+- capacity_drop: that layout alone runs with megatron's `moe_expert_capacity_factor` 1.0 (`moe_token_drop_policy`
+  probs): over-capacity tokens dropped;
+- etp_shard: under ETP 2, ETP rank 0's first local expert holds the other ETP rank's fc1 shard (a shard index wrong);
+- scale_expert: EP rank 0's first local expert's weights scaled by (1 + 2**-12) before their rounding to bf16
+  (about a twentieth of them move one bf16 ULP): a fault below what rounding lets the oracle see.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...run_config import RunConfig
+
+from . import QUESTION
+from ...config import MoEConfig
+from ...experiments.protocol import Case
+from ...layout import Layout
+from .params import _FAULT_LAYOUTS
+from .record import OracleRecord
+
+NAME = "oracle"
+NOTEBOOK = QUESTION.number
+STAGES = ("router.logits", "router.probs", "out")
+FAULTS = dict(_FAULT_LAYOUTS)
+"""Each planted fault and the layout it is planted on."""
+SCALE_EXPONENT = 12
+"""scale_expert multiplies the expert's weights by (1 + 2**-SCALE_EXPONENT) before rounding them to bf16."""
+
+
+def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, ...] = ("allgather", "alltoall"),
+         faults: tuple[str, ...] = tuple(FAULTS), trials: int = 2, reference: str = "ep1",
+         release: str = "installed") -> Case:
+    """The oracle of `base`: every dispatcher x layout of `layouts` `trials` times, every dispatcher x fault of
+    `faults` once, against the fp64 truth of `reference`'s weights (`base.dispatcher`'s layer)."""
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise ValueError(f"faults {unknown} unknown; the faults are {', '.join(FAULTS)}")
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"trials ({trials!r}) must be an integer >= 1")
+    for spec in (*layouts, reference):
+        Layout.parse(spec)
+    return Case(experiment=NAME, moe=base, kind="oracle", release=release,
+                knobs=dict(layouts=list(layouts), dispatchers=list(dispatchers), faults=list(faults), trials=trials,
+                           reference=reference, fault_layouts={f: FAULTS[f] for f in faults}),
+                label=f"{'/'.join(dispatchers)} x {len(layouts)} layouts x {trials}, {len(faults)} faults vs fp64")
+
+
+def cases(config: RunConfig) -> list[Case]:
+    """One case: every dispatcher of the profile in it (so that dispatcher against dispatcher is a pair of runs);
+    the layer's router dtype 'none' (the plain bf16 layer)."""
+    from ...controller.placement import from_settings
+    from .params import OracleParams
+
+    p = config.params(OracleParams)
+    world = from_settings(config.cluster).engines
+    base = config.layer.replace(router_dtype="none")
+    for spec in (*p.layouts, *(FAULTS[f] for f in p.faults)):
+        try:
+            Layout.parse(spec).on(world).check_layer(base)
+        except ValueError as e:
+            raise ValueError(f"oracle layout {spec!r} on {world} ranks: {e}") from None
+    return [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
+                 dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=config.run.trials,
+                 reference=p.reference, release=config.release)]
+
+
+# ---------------------------------------------------------------------------------------------- engine side
+
+
+def _capture(layer, tokens, cfg):
+    """{stage: whole tensor} of one forward (router stages gathered over TP under sequence parallelism)."""
+    from ...engine import capture, toolkit
+
+    out, cache = capture.run_with_capture(layer, tokens, ("router",), hidden=cfg.hidden, num_experts=cfg.num_experts)
+    st = {k: toolkit.gather_sequence(layer, cache.tensors[k]) for k in ("router.logits", "router.probs",
+                                                                          "router.routing_map") if k in cache.tensors}
+    st["out"] = out
+    return {k: v.detach().clone() for k, v in st.items()}
+
+
+def _fp64_twin(layer, cfg, layout):
+    """A fresh layer of the same layout whose every tensor is `layer`'s bf16 value upcast to fp64."""
+    import torch
+
+    from ...engine import layer as layer_mod
+
+    twin = layer_mod.fresh_layers(cfg.replace(dtype="fp32"), layout, 1)[0].to(torch.float64)
+    src = dict(layer.named_parameters())
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            p.copy_(src[name].detach().to(torch.float64))
+        bias, tb = getattr(layer.router, "expert_bias", None), getattr(twin.router, "expert_bias", None)
+        if bias is not None and tb is not None:
+            tb.copy_(bias.to(tb.dtype))
+    return twin
+
+
+def _truth(moe: dict, spec: str):
+    """The fp64 stages of layout `spec`'s weights and tokens, upcast (cached per layer and layout on this engine)."""
+    import torch
+
+    from ...engine import toolkit
+    from ...engine.dist import STATE
+
+    key = repr((sorted(moe.items()), spec))
+    cache = STATE.setdefault("oracle_truths", {})
+    if key not in cache:
+        if len(cache) > 8:
+            cache.clear()
+        s = toolkit.setup(moe, Layout.parse(spec))
+        twin = _fp64_twin(s.layer, s.cfg, s.layout)
+        cache[key] = _capture(twin, s.tokens.to(torch.float64), s.cfg)
+    return cache[key]
+
+
+def _plant(layer, cfg, fault: str) -> dict:
+    """Plant `fault` in a fresh (uncached) layer on this rank; says what changed here."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    from ...engine import layer as layer_mod
+
+    experts = layer.experts.local_experts
+    ep_rank = ps.get_expert_model_parallel_rank()
+    with torch.no_grad():
+        if fault == "swap_experts":
+            if ep_rank != 0 or len(experts) < 2:
+                return {"changed": 0}
+            a, b = experts[0], experts[1]
+            for (_, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+                tmp = pa.detach().clone()
+                pa.copy_(pb)
+                pb.copy_(tmp)
+            return {"changed": sum(p.numel() for p in a.parameters()) * 2}
+        if fault == "etp_shard":
+            etp, etp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
+            if etp < 2 or etp_rank != 0:
+                return {"changed": 0}
+            fc1 = experts[0].linear_fc1.weight
+            other = layer_mod._shard(fc1.shape, cfg, "linear_fc1", ("expert", ep_rank * len(experts)),
+                                     tp_rank=1, tp=etp, device=fc1.device)
+            before = fc1.detach().clone()
+            fc1.copy_(other.to(fc1.dtype))
+            return {"changed": int((fc1 != before).sum())}
+        if fault == "scale_expert":
+            if ep_rank != 0:
+                return {"changed": 0}
+            etp, etp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
+            changed = 0
+            for kind in ("linear_fc1", "linear_fc2"):
+                w = getattr(experts[0], kind).weight
+                full = layer_mod._shard(w.shape, cfg, kind, ("expert", ep_rank * len(experts)), tp_rank=etp_rank,
+                                        tp=etp, device=w.device)
+                scaled = (full.to(torch.float64) * (1 + 2.0 ** -SCALE_EXPONENT)).to(w.dtype)
+                changed += int((scaled != w).sum())
+                w.copy_(scaled)
+            return {"changed": changed}
+    return {"changed": 0}
+
+
+def _run(moe: dict, spec: str, fault: str | None):
+    """One bf16 forward of layout `spec` (with `fault` planted in a fresh layer, where given) → (stages, note)."""
+    from ...engine import layer as layer_mod
+    from ...engine import toolkit
+
+    if fault == "capacity_drop":
+        moe = {**moe, "capacity_factor": 1.0, "drop_policy": "probs"}
+    s = toolkit.setup(moe, Layout.parse(spec))
+    note = {"changed": 0}
+    layer = s.layer
+    if fault in ("swap_experts", "etp_shard", "scale_expert"):
+        layer = layer_mod.fresh_layers(s.cfg, s.layout, 1)[0]
+        note = _plant(layer, s.cfg, fault)
+    return _capture(layer, s.tokens, s.cfg), note
+
+
+def _measure(stages: dict, truth: dict, k: int) -> dict:
+    """Rank 0: a run's error statistics per stage and group, and its routing flips with their margins."""
+    import numpy as np
+    import torch
+
+    from . import rule
+
+    t_map, r_map = truth["router.routing_map"].bool(), stages["router.routing_map"].bool()
+    tokens = t_map.shape[0]
+    flipped = (t_map != r_map).any(dim=1)
+    kept = (~flipped).numpy()
+    lg = truth["router.logits"].reshape(tokens, -1).to(torch.float64)
+    top = torch.sort(lg, dim=1, descending=True).values
+    if lg.shape[1] > k:
+        margin = (top[:, k - 1] - top[:, k]).numpy() / rule.bf16_ulp(top[:, k - 1].numpy())
+    else:
+        margin = np.full(tokens, np.inf)
+    stats = rule.error_stats(stages["router.logits"], truth["router.logits"], prefix="router.logits/")
+    routed = t_map.numpy() & kept[:, None]
+    stats.update(rule.error_stats(stages["router.probs"].reshape(tokens, -1)[t_map.reshape(tokens, -1)
+                                                                           & torch.from_numpy(kept)[:, None]],
+                                  truth["router.probs"].reshape(tokens, -1)[torch.from_numpy(routed)],
+                                  prefix="router.probs/"))
+    out, t_out = stages["out"].reshape(tokens, -1), truth["out"].reshape(tokens, -1)
+    hidden = out.shape[1]
+    masks = {f"expert {e}": np.repeat(t_map[:, e].numpy(), hidden) for e in range(t_map.shape[1])}
+    stats.update(rule.error_stats(out, t_out, prefix="out/", masks=masks, keep=np.repeat(kept, hidden)))
+    return {"stats": stats,
+            "flips": {"tokens": tokens, "flipped": int(flipped.sum()),
+                      "flipped_margin_ulp": [float(m) for m in margin[~kept]],
+                      "margin_ulp_quantiles": {q: float(np.percentile(margin, v)) for q, v in
+                                               (("min", 0), ("p1", 1), ("median", 50))},
+                      "margin_ulp_below": {str(u): int((margin <= u).sum()) for u in (1, 4, 16, 64)}}}
+
+
+def on_engine(payload: dict) -> dict:
+    import torch
+
+    from ...engine import toolkit
+
+    kn, moe = payload["knobs"], payload["moe"]
+    rank0 = toolkit.tdist.get_rank() == 0
+    truth = _truth(moe, kn["reference"])
+    fp64_layouts = {}
+    runs: list[dict] = []
+    outs: dict[str, torch.Tensor] = {}
+    dispatchers = kn.get("dispatchers") or [moe["dispatcher"]]
+    for spec in kn["layouts"]:
+        other = _truth(moe, spec)
+        if rank0:
+            d = (other["out"] - truth["out"]).abs()
+            fp64_layouts[spec] = {"max_abs": float(d.max()),
+                                  "max_rel": float((d / truth["out"].abs().clamp_min(1e-300)).max()),
+                                  "routing_equal": bool(torch.equal(other["router.routing_map"],
+                                                                    truth["router.routing_map"]))}
+    for d, spec in itertools.product(dispatchers, kn["layouts"]):
+        for t in range(kn["trials"]):
+            stages, _ = _run({**moe, "dispatcher": d}, spec, None)
+            label = f"{d} {spec} #{t + 1}"
+            if rank0:
+                runs.append({"label": label, "dispatcher": d, "layout": spec, "fault": None, "trial": t + 1,
+                             **_measure(stages, truth, moe["topk"])})
+                outs[label] = stages["out"]
+    for d, fault in itertools.product(dispatchers, kn["faults"]):
+        spec = kn["fault_layouts"][fault]
+        stages, note = _run({**moe, "dispatcher": d}, spec, fault)
+        notes = [None] * toolkit.world()
+        toolkit.tdist.all_gather_object(notes, note)
+        if rank0:
+            label = f"{d} {spec} + {fault}"
+            runs.append({"label": label, "dispatcher": d, "layout": spec, "fault": fault, "trial": 1,
+                         "changed": sum(n["changed"] for n in notes), **_measure(stages, truth, moe["topk"])})
+            outs[label] = stages["out"]
+    if not rank0:
+        return {"rank": toolkit.tdist.get_rank()}
+    from . import rule
+
+    pairs = []
+    for a, b in itertools.combinations(outs, 2):
+        pairs.append({"a": a, "b": b, **rule.pair_gap(outs[a], outs[b]).asdict()})
+    return {"rank": 0, "runs": runs, "pairs": pairs, "fp64_layouts": fp64_layouts,
+            "truth": {"layout": kn["reference"], "elements": int(truth["out"].numel())}}
+
+
+# ---------------------------------------------------------------------------------------------- controller side
+
+
+def records(case: Case, per_rank: list[dict]) -> list[dict]:
+    r0 = next(r for r in per_rank if r.get("rank") == 0)
+    return [OracleRecord(reference=case.knobs["reference"], layouts=list(case.knobs["layouts"]),
+                         dispatchers=list(case.knobs.get("dispatchers") or [case.moe.dispatcher]),
+                         faults=list(case.knobs["faults"]), trials=case.knobs["trials"], runs=r0["runs"],
+                         pairs=r0["pairs"], fp64_layouts=r0["fp64_layouts"], truth=r0["truth"]).asdict()]
+
+
+def verdict(records: list[dict]) -> str:
+    from ...findings import render
+    from . import findings as found
+
+    return render.verdict(found.findings(records))
+
+
+__all__ = ["cases", "case", "on_engine", "records", "verdict", "FAULTS", "STAGES"]

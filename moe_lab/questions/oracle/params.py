@@ -1,0 +1,56 @@
+"""Notebook 08's parameters: the profile's "oracle" object. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...params import Section, tuple_of
+
+FAULT_NAMES = ("swap_experts", "capacity_drop", "etp_shard", "scale_expert")
+"""The planted faults (`experiment.FAULTS` says which layout each is planted on)."""
+_FAULT_LAYOUTS = {"swap_experts": "ep4", "capacity_drop": "ep4", "etp_shard": "tp2,ep2", "scale_expert": "ep4"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OracleParams(Section):
+    """The layouts run in bf16 against the fp64 truth (each `trials` times: the reruns), the reference layout whose
+    weights make the truth, and the faults planted (each on one layout only) as the rule's controls."""
+
+    KEY = "oracle"
+
+    layouts: tuple[str, ...] = ("ep1", "ep4", "tp2,ep2", "tp2,ep2,etp1")
+    """Layouts of the same global weights and tokens, all known-correct: their spread is the band a run is held to."""
+    reference: str = "ep1"
+    """The layout whose bf16 weights and tokens, upcast to fp64, are the truth."""
+    faults: tuple[str, ...] = FAULT_NAMES
+    """Planted faults, each on one layout only (empty: none)."""
+
+    def __post_init__(self):
+        from ...layout import Layout
+
+        tuple_of(self, "layouts", str)
+        if len(self.layouts) < 2:
+            raise ValueError(f"oracle.layouts ({list(self.layouts)!r}) must name at least two layouts: a band needs "
+                             "a spread, e.g. [\"ep1\", \"ep4\"]")
+        for spec in (*self.layouts, self.reference):
+            try:
+                Layout.parse(spec)
+            except ValueError as e:
+                raise ValueError(f"oracle.layouts entry {spec!r}: {e}") from None
+        if self.reference not in self.layouts:
+            raise ValueError(f"oracle.reference ({self.reference!r}) must be one of oracle.layouts {list(self.layouts)}")
+        if self.faults in ([], ()):
+            object.__setattr__(self, "faults", ())
+        else:
+            tuple_of(self, "faults", str, FAULT_NAMES)
+
+    def check_world(self, config, ccfg) -> None:
+        """Each layout, and each fault's layout, splits the layer on the run's world."""
+        from ...layout import Layout
+
+        base = config.layer
+        for spec in (*self.layouts, *(_FAULT_LAYOUTS[f] for f in self.faults)):
+            try:
+                Layout.parse(spec).on(ccfg.engines).check_layer(base)
+            except ValueError as e:
+                raise ValueError(f"oracle layout {spec!r} on {ccfg.engines} ranks: {e}") from None
