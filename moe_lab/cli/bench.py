@@ -98,7 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the seed report's layer (default on cuda; on cpu the small layer of MoEConfig())")
     p.add_argument("--repeats", type=_count(), default=3, help="every figure is the median of this many runs")
     p.add_argument("--quick", action="store_true",
-                   help="4 configs, 1 repeat, the small layer unless --seed-report (CI; a short GPU run)")
+                   help="2 configs (allgather, router none and fp32), 1 repeat, the small layer unless "
+                        "--seed-report (CI; a short GPU run)")
     p.add_argument("--cut", type=int, default=90, help="truncation test: first CUT tokens must not change")
     p.add_argument("--timeout", type=_seconds, default=300.0, help="seconds for every engine call and collective")
     p.add_argument("--capture-only", type=_count(), default=None, metavar="ROUNDS",

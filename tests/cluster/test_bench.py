@@ -17,7 +17,7 @@ def quick():
 def test_warm_sweep_beats_fresh_spawns_with_equal_results(quick):
     sw = quick["sweep"]
     assert sw["results_equal"], sw["mismatches"]
-    assert list(sw["results"]) == ["allgather/none", "allgather/fp32", "alltoall/none", "alltoall/fp32"]
+    assert list(sw["results"]) == ["allgather/none", "allgather/fp32"]
     assert sw["ratio"] > 1  # a ratio, not an absolute time: the machine may be loaded
     # The compared results are the lab's finding, not empty dicts: bf16 allgather ranks differ, an fp32 router agrees.
     assert sw["results"]["allgather/none"]["cross_rank"]["mismatch_frac"] > 0
@@ -43,7 +43,7 @@ def test_record_carries_machine_targets_and_formats(quick):
     assert len(quick["memory"]["per_rank"]) == 4 and quick["memory"]["max_rss_bytes"] > 0
     json.dumps(quick)
     table = bench_cli.format_table(quick)
-    assert "| sweep of 4 configs, results equal: yes |" in table
+    assert "| sweep of 2 configs, results equal: yes |" in table
     assert "[1024 x 4096] bf16" in table and "load average" in table
 
 

@@ -1,6 +1,6 @@
 """A notebook's kernel reads records, draws and words findings; torch (~1.5 s to import, paid by each of the
 notebooks' kernels) is the engines'. Every module a notebook imports, and the records the engines send back, must
-not pull torch into the kernel — except notebook 04, whose tolerance table is computed with torch's bf16 in the kernel."""
+not pull torch into the kernel, except notebook 04: its tolerance table is computed with torch's bf16 in the kernel."""
 
 import json
 import subprocess
