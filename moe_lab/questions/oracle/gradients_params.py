@@ -26,10 +26,11 @@ class OracleTrainingParams(Section):
     """Tokens of the global batch per step, split evenly over the data-parallel x tensor-parallel shares."""
     layers: int = 1
     """MoE layers of the stack (residual: h <- h + moe(h))."""
-    layouts: tuple[str, ...] = ("ep1", "ep2", "ep4", "tp2,ep2,sp", "tp2,ep2,etp1,sp")
-    """The correct layouts (moe_lab.layout's form; TP > 1 needs 'sp'): the known-correct set the bands come from.
-    A tensor computed in the same order by every other correct run has a band of no width: the TP layouts' router
-    gradient (summed over DP, then over TP, in bf16) needs a second TP layout beside it to be judged against."""
+    layouts: tuple[str, ...] = ("ep1", "ep2", "ep4", "tp2,ep2,sp", "tp2,ep2,etp1,sp", "tp2,ep1,sp")
+    """The correct layouts (moe_lab.layout's form; TP > 1 needs 'sp'): the known-correct set the bands come from,
+    each judged against the others. A tensor that every other correct run computes in the same order has a band of
+    no width: the layouts whose router gradient takes the expert-TP reduce (ETP 2: tp2,ep2,sp and tp2,ep1,sp) each need
+    the other beside them."""
     reruns: tuple[str, ...] = ("ep4",)
     """Layouts run a second time (run 1): the run-to-run effect, part of the known-correct set."""
     mistakes: tuple[str, ...] = ("expert_dp",)
