@@ -96,6 +96,11 @@ def _interface_address() -> str | None:
     return None
 
 
+NO_CPU_BF16_ENV = "MOE_LAB_NO_CPU_BF16"
+"""Set to 1 in the environment of `moe-lab run` (the engines inherit it): CPU engines run bf16 GEMMs as a CPU without
+bf16 instructions does (see `prepare`)."""
+
+
 def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, deterministic: bool = False) -> float:
     """Environment and the slow imports (torch, megatron-core), before the rendezvous: engines finish them at
     different times, and the process-group timeout should not have to cover that. Returns seconds taken."""
@@ -113,6 +118,12 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch.distributed  # noqa: F401
     from megatron.core import parallel_state  # noqa: F401
+
+    if device == "cpu" and os.environ.get(NO_CPU_BF16_ENV) == "1":
+        # torch's CPU build sends a bf16 GEMM to oneDNN only where the CPU has bf16 instructions; elsewhere (AVX2
+        # only) it takes its own slow loop. Turning oneDNN off takes that loop on any CPU: the AVX2 machines' speed,
+        # for sizing and benchmarks (docs/bench.md), with ATEN_CPU_CAPABILITY=avx2 for their vector width.
+        torch.backends.mkldnn.enabled = False
 
     from . import compat, shims  # noqa: F401 - imported with megatron-core (engine warm-up)
 

@@ -600,14 +600,19 @@ def stop_kernels() -> list[int]:
 
 
 def _meta(profile: str, config) -> dict:
+    import importlib.metadata
     import platform
-
-    import torch
 
     from .. import releases
 
+    try:  # the installed distribution's version: importing torch here would cost the run 1.5 s for one string
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch without metadata (built from source on a node)
+        import torch
+
+        torch_version = str(torch.__version__)
     return {"profile": profile, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "host": platform.node(), "python": platform.python_version(), "torch": torch_version,
             "megatron-core (controller)": releases.installed_version(),
             "parameters": json.dumps(config.public())}
 
