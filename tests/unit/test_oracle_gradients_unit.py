@@ -1,0 +1,277 @@
+"""Notebook 08's gradient and training findings without engines: constructed records (each run's error to a truth
+built element by element, then the rule's statistics) — the usual story (every correct run expected, the planted bug
+caught with its factor), the story contradicted (a correct run far from the truth, a planted bug inside the band at
+some step), and hypothesis-generated run sets whose words must follow the rule's verdicts on the records; the
+parameters' checks."""
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from moe_lab.engine.train import MISTAKES
+from moe_lab.findings.model import FAIL, MIXED, NA, PASS
+from moe_lab.questions.oracle import gradients_findings as gf, rule
+from moe_lab.questions.oracle.gradients_params import MISTAKE_NAMES, OracleTrainingParams
+
+SETTINGS = settings(max_examples=int(os.environ.get("MOE_LAB_HYPOTHESIS_EXAMPLES", 60)), deadline=None,
+                    derandomize=not os.environ.get("MOE_LAB_HYPOTHESIS_EXAMPLES"),
+                    suppress_health_check=[HealthCheck.too_slow])
+TRAJECTORY_SETTINGS = settings(SETTINGS, max_examples=max(SETTINGS.max_examples // 3, 10))
+"""A trajectory example judges every step of every run: a third as many examples."""
+SIZES = {"input": 64, "router": 32, "experts": 96}
+EXPERTS = 4
+LAYOUTS = ("ep1", "ep2", "ep4", "tp2,ep2,sp", "tp2,ep1,sp", "tp2,ep2,etp1,sp")
+HEADER = {"megatron_core": "0.16.1", "dispatcher": "allgather", "device": "cpu", "world": 4, "backend": "gloo",
+          "config": {"hidden": 32, "num_experts": 8, "topk": 2, "ffn_hidden": 64, "seq_len": 128, "dtype": "bf16"},
+          "tokens": 16, "available": True}
+
+
+def _layout_fields(spec: str) -> dict:
+    from moe_lab.layout import Layout
+
+    lay = Layout.parse(spec)
+    return {"tp": lay.tp, "ep": lay.ep, "etp": lay.etp, "sequence_parallel": lay.sequence_parallel}
+
+
+def _stats(perm_seed: int, *, noise=1.0, factor=1.0, prefix="") -> tuple[dict, dict]:
+    """One run's statistics: the truths and the multiset of errors (ULPs) fixed, the errors' order per run
+    (`perm_seed`, within each expert), times `noise`; the experts' gradient times `factor`. Equal noise and factor:
+    equal quantiles, so correct runs coincide (a band of no width) — the rule's hardest case."""
+    base = np.random.default_rng(7)
+    rng = np.random.default_rng(perm_seed)
+    out, scale = {}, {}
+    for g, n in SIZES.items():
+        t = base.standard_normal(n) * 0.01
+        e = base.standard_normal(n) * 0.6
+        labels = np.repeat(np.arange(EXPERTS), n // EXPERTS) if g == "experts" else None
+        perm = np.concatenate([rng.permutation(np.flatnonzero(labels == k)) for k in range(EXPERTS)]) \
+            if labels is not None else rng.permutation(n)
+        run = t * (factor if g == "experts" else 1.0) + rule.bf16_ulp(t) * e[perm] * noise
+        out.update(rule.error_stats(run, t, labels, prefix=f"{prefix}{g}."))
+        scale[f"{prefix}{g}.all"] = float(run @ t / (t @ t))
+    return out, scale
+
+
+def grad_record(name: str, layout: str, *, mistake="none", run=0, noise=1.0, factor=1.0, seed=0) -> dict:
+    stats, scale = _stats(seed, noise=noise, factor=factor)
+    fps = {g: f"fp-{layout}-{noise}-{factor}" for g in SIZES}
+    return {**HEADER, **_layout_fields(layout), "experiment": gf.GRADIENTS, "kind": "gradients", "run": run,
+            "mistake": mistake, "run_name": name, "case_key": f"k-{name}", "dp": 4, "expert_dp": 2, "shares": 4,
+            "stats": stats, "scale": scale, "fingerprints": fps, "truth_norm": {g: 1.0 for g in SIZES},
+            "truth_sketch": {g: [0.5] * 4 for g in SIZES}, "loss": 1.0, "loss_truth": 1.0,
+            "grad_norm": 0.05 * factor, "grad_norm_truth": 0.05}
+
+
+def traj_record(name: str, layout: str, steps: list[tuple[float, float]], *, mistake="none", run=0, seed=0) -> dict:
+    """steps: per step (noise, experts' gradient factor)."""
+    per = []
+    for k, (noise, factor) in enumerate(steps):
+        s, sc = {}, {}
+        for fam in ("grad.", "weights."):
+            a, b = _stats(seed + 100 * k, noise=noise, factor=factor if fam == "grad." else 1.0, prefix=fam)
+            s.update(a)
+            sc.update(b)
+        per.append({"stats": s, "scale": sc, "fingerprints": {"weights.experts": f"{layout}-{k}-{noise}"},
+                    "truth_norm": {"weights.experts": 1.0}, "truth_sketch": {"weights.experts": [0.1 * k, 1.0]},
+                    "loss": 1.0, "loss_truth": 1.0, "grad_norm": 0.05 * factor, "grad_norm_truth": 0.05})
+    return {**HEADER, **_layout_fields(layout), "experiment": gf.TRAJECTORY, "kind": "trajectory", "run": run,
+            "mistake": mistake, "run_name": name, "case_key": f"t-{name}", "dp": 4, "expert_dp": 2, "shares": 4,
+            "steps_compared": per}
+
+
+def _by_run(fs, question):
+    return {f.subject.get("run"): f for f in fs if f.question == question}
+
+
+def _card(fs, experiment):
+    (c,) = [f for f in fs if f.card and f.experiment == experiment]
+    return c
+
+
+# ---------------------------------------------------------------------------------------------- one step
+
+
+def _story(**bug):
+    recs = [grad_record(s, s, seed=i) for i, s in enumerate(LAYOUTS[:4])]
+    recs.append(grad_record("ep2 + planted expert_dp", "ep2", mistake="expert_dp", factor=2.0, seed=9, **bug))
+    return recs
+
+
+def test_the_usual_story_is_said_with_the_factor():
+    fs = gf.findings(_story())
+    runs = _by_run(fs, gf.Q_GRAD)
+    for s in LAYOUTS[:4]:
+        assert runs[s].status == PASS and runs[s].claim.count("expected") == 2, runs[s].claim
+    bug = runs["ep2 + planted expert_dp"]
+    assert bug.status == FAIL
+    assert "input gradient: expected" in bug.claim  # the mistake does not reach the input gradient
+    assert "weight gradients: not explained by rounding — first departs at experts." in bug.claim
+    assert "×2" in bug.claim, bug.claim
+    card = _card(fs, gf.GRADIENTS)
+    assert card.status == PASS and "4 of 4 correct run(s) inside" in card.claim
+    assert "1 of 1 planted bug(s) not explained by rounding" in card.claim
+
+
+def test_a_planted_bug_below_rounding_says_so():
+    """Control of the story: the same planted run with factor 1 (a no-op, as expert_dp at EP 1) is inside the band,
+    and the card says it is, rather than counting it caught."""
+    recs = _story()
+    recs[-1] = grad_record("ep1 + planted expert_dp", "ep1", mistake="expert_dp", factor=1.0, seed=9)
+    fs = gf.findings(recs)
+    assert _by_run(fs, gf.Q_GRAD)["ep1 + planted expert_dp"].status == PASS
+    card = _card(fs, gf.GRADIENTS)
+    assert card.status == MIXED and "0 of 1 planted bug(s)" in card.claim
+    assert "inside the band although planted: ep1 + planted expert_dp" in card.claim
+
+
+def test_a_correct_layout_far_from_the_truth_is_named():
+    """Contradicting the story: a correct layout whose errors are 50x the others' is out of band and named; the control
+    is the usual story, where it is not."""
+    recs = _story()
+    recs[1] = grad_record("ep2", "ep2", noise=50.0, seed=1)
+    fs = gf.findings(recs)
+    assert _by_run(fs, gf.Q_GRAD)["ep2"].status == FAIL
+    card = _card(fs, gf.GRADIENTS)
+    assert card.status == MIXED and "3 of 4 correct run(s) inside" in card.claim and "outside it: ep2" in card.claim
+    assert "outside it" not in _card(gf.findings(_story()), gf.GRADIENTS).claim
+
+
+def test_fp64_truths_and_reruns():
+    recs = _story() + [grad_record("ep4 run 1", "ep4", run=1, seed=2)]
+    fs = gf.findings(recs)
+    (truth,) = [f for f in fs if f.question == gf.Q_TRUTH]
+    assert truth.status == PASS and "within fp64 rounding" in truth.claim
+    (rerun,) = [f for f in fs if f.question == gf.Q_RERUN]
+    assert rerun.status == PASS and "bitwise equal in every tensor" in rerun.claim
+    # the controls: a truth 1e-6 apart, a rerun whose fingerprints differ
+    recs[1]["truth_sketch"]["experts"] = [0.5 * (1 + 1e-6)] * 4
+    recs[-1]["fingerprints"] = {**recs[-1]["fingerprints"], "experts": "other"}
+    fs = gf.findings(recs)
+    (truth,) = [f for f in fs if f.question == gf.Q_TRUTH]
+    assert truth.status == FAIL and "beyond fp64 rounding" in truth.claim and "ep2, experts" in truth.claim
+    (rerun,) = [f for f in fs if f.question == gf.Q_RERUN]
+    assert rerun.status == MIXED and "differs in 1 tensor(s) (experts)" in rerun.claim
+
+
+def test_one_correct_run_is_not_judged():
+    fs = gf.findings([grad_record("ep1", "ep1"), grad_record("ep2 + planted expert_dp", "ep2", mistake="expert_dp",
+                                                             factor=2.0)])
+    assert _card(fs, gf.GRADIENTS).status == NA
+    assert "not judged" in _by_run(fs, gf.Q_GRAD)["ep1"].claim
+
+
+def test_unreadable_and_unavailable_records_are_said():
+    bad = grad_record("ep1", "ep1")
+    del bad["stats"]
+    fs = gf.findings([bad, {**HEADER, "experiment": gf.GRADIENTS, "available": False, "reason": "RuntimeError: x"}])
+    assert [f.status for f in fs] == ["NOT MEASURED", NA]
+    assert "did not run: RuntimeError: x" in fs[1].claim
+
+
+RUNS = st.lists(st.tuples(st.sampled_from(LAYOUTS), st.booleans(), st.sampled_from([1.0, 1.0, 1.0, 3.0, 50.0]),
+                          st.sampled_from([1.0, 2.0, 4.0])), min_size=2, max_size=6)
+
+
+@SETTINGS
+@given(RUNS)
+def test_gradient_words_follow_the_rule_on_the_records(runs):
+    """Whatever the run set (correct runs far from the truth, planted bugs below rounding): each run's status and
+    words are the rule's verdict on its records, and the card counts what the runs' findings say."""
+    recs = [grad_record(f"{lay} #{i}" + (" + planted expert_dp" if p else ""), lay, mistake="expert_dp" if p else "none",
+                        noise=noise, factor=factor if p else 1.0, seed=i) for i, (lay, p, noise, factor) in enumerate(runs)]
+    fs = gf.findings(recs)
+    by = {r["run_name"]: r for r in recs}
+    good = [n for n, r in by.items() if not gf.planted(r)]
+    verdicts = {part: gf.judge({n: r["stats"] for n, r in by.items()}, good, pre)
+                for part, pre in gf.GRADIENT_PARTS.items()}
+    words = _by_run(fs, gf.Q_GRAD)
+    n_in = {True: 0, False: 0}
+    for n, r in by.items():
+        vs = [verdicts[p][n] for p in gf.GRADIENT_PARTS]
+        claim = words[n].claim
+        if not all(v.judged for v in vs):
+            assert words[n].status == NA and "not judged" in claim
+            continue
+        ok = all(v.in_band for v in vs)
+        assert words[n].status == (PASS if ok else FAIL), claim
+        assert ("not explained by rounding" in claim) == (not ok), claim
+        for p, v in zip(gf.GRADIENT_PARTS, vs):
+            if not v.in_band:
+                assert f"{p}: not explained by rounding — first departs at {v.first.words()}" in claim
+        n_in[gf.planted(r)] += ok
+    card = _card(fs, gf.GRADIENTS)
+    judged_good = [n for n in good if all(verdicts[p][n].judged for p in gf.GRADIENT_PARTS)]
+    if judged_good:
+        assert f"{n_in[False]} of {len(good)} correct run(s) inside" in card.claim, card.claim
+
+
+# ---------------------------------------------------------------------------------------------- K steps
+
+
+def _trajectory_story(K=4, bug=None, odd=None):
+    recs = [traj_record(s, s, [(1.0, 1.0)] * K, seed=i) for i, s in enumerate(LAYOUTS[:4])]
+    recs.append(traj_record("ep2 + planted expert_dp", "ep2", bug or [(1.0, 2.0)] * K, mistake="expert_dp", seed=9))
+    if odd:
+        recs[1] = traj_record("ep2", "ep2", odd, seed=1)
+    return recs
+
+
+def test_trajectory_story_and_a_bug_in_band_at_some_steps():
+    fs = gf.findings(_trajectory_story())
+    runs = _by_run(fs, gf.Q_TRAIN)
+    assert all("at every one of its 4 steps" in runs[s].claim for s in LAYOUTS[:4])
+    bug = runs["ep2 + planted expert_dp"]
+    assert bug.status == FAIL and "leaves the band at step 1 of 4" in bug.claim and "×2" in bug.claim
+    assert "out of band at step(s) 1–4" in bug.claim
+    # contradicting the story: the bug below rounding at steps 1-2, out at 3-4 (first departure said at step 3)
+    fs = gf.findings(_trajectory_story(bug=[(1.0, 1.0), (1.0, 1.0), (1.0, 2.0), (1.0, 2.0)]))
+    bug = _by_run(fs, gf.Q_TRAIN)["ep2 + planted expert_dp"]
+    assert "leaves the band at step 3 of 4" in bug.claim and "out of band at step(s) 3–4" in bug.claim
+    # ... and a correct layout far from the truth at step 2 only
+    fs = gf.findings(_trajectory_story(odd=[(1.0, 1.0), (50.0, 1.0), (1.0, 1.0), (1.0, 1.0)]))
+    odd = _by_run(fs, gf.Q_TRAIN)["ep2"]
+    assert odd.status == FAIL and "leaves the band at step 2 of 4" in odd.claim and "step(s) 2 (" in odd.claim
+    card = _card(fs, gf.TRAJECTORY)
+    assert card.status == MIXED and "outside it: ep2" in card.claim
+
+
+STEPS = st.lists(st.tuples(st.sampled_from([1.0, 1.0, 1.0, 50.0]), st.sampled_from([1.0, 1.0, 2.0])),
+                 min_size=3, max_size=3)
+
+
+@TRAJECTORY_SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(LAYOUTS), st.booleans(), STEPS), min_size=3, max_size=5))
+def test_trajectory_words_follow_the_rule_step_by_step(runs):
+    recs = [traj_record(f"{lay} #{i}" + (" + planted expert_dp" if p else ""), lay, steps,
+                        mistake="expert_dp" if p else "none", seed=i) for i, (lay, p, steps) in enumerate(runs)]
+    fs = gf.findings(recs)
+    by = {r["run_name"]: r for r in recs}
+    per_step = gf.step_verdicts(by)
+    words = _by_run(fs, gf.Q_TRAIN)
+    for n in by:
+        claim = words[n].claim
+        if not all(per_step[t][p][n].judged for t in range(3) for p in gf.TRAJECTORY_PARTS):
+            assert words[n].status == NA
+            continue
+        out = [t + 1 for t in range(3) if not all(per_step[t][p][n].in_band for p in gf.TRAJECTORY_PARTS)]
+        if out:
+            assert words[n].status == FAIL and f"leaves the band at step {out[0]} of 3" in claim, claim
+        else:
+            assert words[n].status == PASS and "at every one of its 3 steps" in claim, claim
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+
+
+def test_params_checks_with_their_controls():
+    assert set(MISTAKE_NAMES) == set(MISTAKES) - {"none"}
+    p = OracleTrainingParams()
+    assert [(lay.spec(), run, m) for lay, run, m in p.runs()][-2:] == [("ep4", 1, "none"), ("ep2", 0, "expert_dp")]
+    for bad, words in (({"layouts": ["ep1"]}, "at least two"), ({"mistakes": ["bogus"]}, "must be among"),
+                       ({"layouts": ["ep1", "tp2,ep2"]}, "sequence parallelism"),
+                       ({"reruns": ["ep8"]}, "not among the layouts"), ({"steps": 0}, "steps")):
+        with pytest.raises(ValueError, match=words):
+            OracleTrainingParams.from_dict(bad)
+    OracleTrainingParams.from_dict({"layouts": ["ep1", "tp2,ep2,sp"], "reruns": []})  # the control: accepted
