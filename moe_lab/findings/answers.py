@@ -12,7 +12,8 @@ from .. import stats
 from ..questions.spec import ANSWER_COLUMNS as COLUMNS
 from .model import FAIL, MIXED, NA, NOT_MEASURED, PASS, Cost, Finding
 HEADERS = {"diverges": "diverges?", "where": "where (first stage)", "fix": "fix", "cost": "cost of the fix",
-           "truncation": "truncation", "gradients": "gradients", "training": "training"}
+           "truncation": "truncation", "gradients": "gradients", "training": "training",
+           "expected": "gap expected? (fp64 truth)"}
 _PRESET = re.compile(r"; preset ([\w.+-]+)")
 
 

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Callable
 
 _NUMBER = re.compile(r"^\d\d$")
-ANSWER_COLUMNS = ("diverges", "where", "fix", "cost", "truncation", "gradients", "training")
+ANSWER_COLUMNS = ("diverges", "where", "fix", "cost", "truncation", "gradients", "training", "expected")
 """The answer table's columns, in order: what a user asks of every subject (`moe_lab.findings.answers`)."""
 
 

@@ -107,6 +107,8 @@ def test_the_tier_profile_is_the_cpu_profile_with_smaller_grids():
     assert part_of(t.layouts, tc.layouts) and part_of(t.stacks, tc.stacks) and t.reruns == tc.reruns
     pr, pc = q("presets"), c("presets")
     assert part_of(pr.models, pc.models) and pr.scale == pc.scale and part_of(pr.router_dtypes, pc.router_dtypes)
+    o, oc = q("oracle"), c("oracle")
+    assert part_of(o.layouts, oc.layouts) and o.reference == oc.reference and set(o.faults) <= set(oc.faults)
     assert not part_of(("ep8",), c("reproduce").layouts)  # the control
 
 

@@ -40,7 +40,8 @@ FORBIDDEN = {
 QUESTION_LAYERS = {"experiment": "experiments", "layouts": "experiments", "verdict": "experiments",
                    "findings": "findings", "layouts_findings": "findings", "compare": "findings",
                    "figures": "reporting", "params": "question", "QUESTION": "question", "record": "question",
-                   "layouts_record": "question"}
+                   "layouts_record": "question", "rule": "findings", "gradients": "experiments",
+                   "trajectory": "experiments", "gradients_findings": "findings", "gradients_params": "question"}
 """A question folder's modules → their layer; an unknown module name in a folder is an error (say its layer here)."""
 
 

@@ -12,7 +12,7 @@ Planted faults (`FAULTS`), each a bug a sharding mistake makes, each on one layo
 - swap_experts: EP rank 0's two first local experts hold each other's weights (an expert index mapped wrong);
 - capacity_drop: that layout alone runs with megatron's `moe_expert_capacity_factor` 1.0 (`moe_token_drop_policy`
   probs): over-capacity tokens dropped;
-- etp_shard: under ETP 2, ETP rank 0's first local expert holds the other ETP rank's fc1 shard (a shard index wrong);
+- etp_shard: under ETP 2, ETP rank 0 holds the other ETP rank's expert shards (a shard index wrong);
 - scale_expert: EP rank 0's first local expert's weights scaled by (1 + 2**-12) before their rounding to bf16
   (about a twentieth of them move one bf16 ULP): a fault below what rounding lets the oracle see.
 """
@@ -29,13 +29,13 @@ from . import QUESTION
 from ...config import MoEConfig
 from ...experiments.protocol import Case
 from ...layout import Layout
-from .params import _FAULT_LAYOUTS
+from .params import FAULT_LAYOUTS
 from .record import OracleRecord
 
 NAME = "oracle"
 NOTEBOOK = QUESTION.number
 STAGES = ("router.logits", "router.probs", "out")
-FAULTS = dict(_FAULT_LAYOUTS)
+FAULTS = dict(FAULT_LAYOUTS)
 """Each planted fault and the layout it is planted on."""
 SCALE_EXPONENT = 12
 """scale_expert multiplies the expert's weights by (1 + 2**-SCALE_EXPONENT) before rounding them to bf16."""
@@ -127,7 +127,7 @@ def _truth(moe: dict, spec: str):
     return cache[key]
 
 
-def _plant(layer, cfg, fault: str) -> dict:
+def _plant(layer, cfg, layout, fault: str) -> dict:
     """Plant `fault` in a fresh (uncached) layer on this rank; says what changed here."""
     import torch
     from megatron.core import parallel_state as ps
@@ -150,22 +150,21 @@ def _plant(layer, cfg, fault: str) -> dict:
             etp, etp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
             if etp < 2 or etp_rank != 0:
                 return {"changed": 0}
-            fc1 = experts[0].linear_fc1.weight
-            other = layer_mod._shard(fc1.shape, cfg, "linear_fc1", ("expert", ep_rank * len(experts)),
-                                     tp_rank=1, tp=etp, device=fc1.device)
-            before = fc1.detach().clone()
-            fc1.copy_(other.to(fc1.dtype))
-            return {"changed": int((fc1 != before).sum())}
+            before = [p.detach().clone() for p in experts.parameters()]
+            layer_mod.init_weights(layer, cfg, ep_rank=ep_rank, tp_rank=ps.get_tensor_model_parallel_rank(),
+                                   tp=ps.get_tensor_model_parallel_world_size(), etp_rank=1, etp=etp)
+            return {"changed": sum(int((p != b).sum()) for p, b in zip(experts.parameters(), before))}
         if fault == "scale_expert":
+            # the expert's weights before their rounding to bf16: the same seeded init in fp32 (built on every
+            # rank: a layer's build sets the layout's process groups)
+            full = layer_mod.fresh_layers(cfg.replace(dtype="fp32"), layout, 1)[0].experts.local_experts[0]
             if ep_rank != 0:
                 return {"changed": 0}
-            etp, etp_rank = ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank()
             changed = 0
             for kind in ("linear_fc1", "linear_fc2"):
                 w = getattr(experts[0], kind).weight
-                full = layer_mod._shard(w.shape, cfg, kind, ("expert", ep_rank * len(experts)), tp_rank=etp_rank,
-                                        tp=etp, device=w.device)
-                scaled = (full.to(torch.float64) * (1 + 2.0 ** -SCALE_EXPONENT)).to(w.dtype)
+                scaled = (getattr(full, kind).weight.detach().to(torch.float64)
+                          * (1 + 2.0 ** -SCALE_EXPONENT)).to(w.dtype)
                 changed += int((scaled != w).sum())
                 w.copy_(scaled)
             return {"changed": changed}
@@ -184,7 +183,7 @@ def _run(moe: dict, spec: str, fault: str | None):
     layer = s.layer
     if fault in ("swap_experts", "etp_shard", "scale_expert"):
         layer = layer_mod.fresh_layers(s.cfg, s.layout, 1)[0]
-        note = _plant(layer, s.cfg, fault)
+        note = _plant(layer, s.cfg, s.layout, fault)
     return _capture(layer, s.tokens, s.cfg), note
 
 
@@ -265,11 +264,29 @@ def on_engine(payload: dict) -> dict:
         return {"rank": toolkit.tdist.get_rank()}
     from . import rule
 
-    pairs = []
-    for a, b in itertools.combinations(outs, 2):
-        pairs.append({"a": a, "b": b, **rule.pair_gap(outs[a], outs[b]).asdict()})
+    pairs = [{"a": a, "b": b, **rule.pair_gap(outs[a], outs[b]).asdict()} for a, b in _pairs(runs, kn["reference"])]
     return {"rank": 0, "runs": runs, "pairs": pairs, "fp64_layouts": fp64_layouts,
             "truth": {"layout": kn["reference"], "elements": int(truth["out"].numel())}}
+
+
+def _pairs(runs: list[dict], reference: str) -> list[tuple[str, str]]:
+    """The pairs whose gap is measured (all pairs of a GPU profile's runs would take minutes): every run against its
+    dispatcher's reference run, every rerun and fault against its layout's first run, and each layout's first run
+    under one dispatcher against the next dispatcher's."""
+    first = {(r["dispatcher"], r["layout"]): r["label"] for r in runs if not r["fault"] and r["trial"] == 1}
+    out: list[tuple[str, str]] = []
+    for r in runs:
+        ref = first.get((r["dispatcher"], reference))
+        own = first.get((r["dispatcher"], r["layout"]))
+        for other in (ref, own):
+            if other and other != r["label"] and (other, r["label"]) not in out:
+                out.append((other, r["label"]))
+    dispatchers = list(dict.fromkeys(r["dispatcher"] for r in runs))
+    for d, e in zip(dispatchers, dispatchers[1:]):
+        for (dd, lay), label in first.items():
+            if dd == d and (e, lay) in first:
+                out.append((label, first[(e, lay)]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- controller side

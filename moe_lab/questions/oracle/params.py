@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from ...params import Section, tuple_of
 
 FAULT_NAMES = ("swap_experts", "capacity_drop", "etp_shard", "scale_expert")
-"""The planted faults (`experiment.FAULTS` says which layout each is planted on)."""
-_FAULT_LAYOUTS = {"swap_experts": "ep4", "capacity_drop": "ep4", "etp_shard": "tp2,ep2", "scale_expert": "ep4"}
+"""The planted faults."""
+FAULT_LAYOUTS = {"swap_experts": "ep4", "capacity_drop": "ep4", "etp_shard": "tp2,ep2", "scale_expert": "ep4"}
+"""The layout each fault is planted on (one layout only: the others stay correct)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +50,7 @@ class OracleParams(Section):
         from ...layout import Layout
 
         base = config.layer
-        for spec in (*self.layouts, *(_FAULT_LAYOUTS[f] for f in self.faults)):
+        for spec in (*self.layouts, *(FAULT_LAYOUTS[f] for f in self.faults)):
             try:
                 Layout.parse(spec).on(ccfg.engines).check_layer(base)
             except ValueError as e:
