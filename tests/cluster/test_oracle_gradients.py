@@ -64,7 +64,7 @@ def test_fp64_truth_is_the_same_at_every_layout(runs):
 
 def _verdicts(by: dict, prefixes) -> dict:
     good = [n for n, r in by.items() if not gf.planted(r)]
-    return gf.judge({n: r["stats"] for n, r in by.items()}, good, prefixes)
+    return gf.judge({n: r["stats"] for n, r in by.items()}, good, prefixes, gf.reruns_of(by))
 
 
 def test_every_correct_layout_gradient_is_expected_and_the_planted_bug_is_not(runs):

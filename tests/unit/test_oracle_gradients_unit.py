@@ -184,7 +184,7 @@ def test_gradient_words_follow_the_rule_on_the_records(runs):
     fs = gf.findings(recs)
     by = {r["run_name"]: r for r in recs}
     good = [n for n, r in by.items() if not gf.planted(r)]
-    verdicts = {part: gf.judge({n: r["stats"] for n, r in by.items()}, good, pre)
+    verdicts = {part: gf.judge({n: r["stats"] for n, r in by.items()}, good, pre, gf.reruns_of(by))
                 for part, pre in gf.GRADIENT_PARTS.items()}
     words = _by_run(fs, gf.Q_GRAD)
     n_in = {True: 0, False: 0}

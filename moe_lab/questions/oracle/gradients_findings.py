@@ -1,6 +1,7 @@
 """Notebook 08's gradient and training findings, from records only (`gradients`, `trajectory`): is each run's gap to
 the fp64 truth what rounding gives (the rule's verdict, `rule.judge_runs`: the known-correct runs are the runs
-without a planted bug, each judged against the others — leave-one-out — and every planted run against all of them)?
+without a planted bug, each judged against the others — leaving out itself and its own reruns — and every planted run
+against all of them)?
 
 Gradients (one step): per run, the input gradient (`input.*`) and the weight gradients (`router.*`, `experts.*`, the
 experts also one by one) judged apart; a departure is named with the rule's words, how far past its limit, and the
@@ -66,10 +67,19 @@ def _select(stats: dict, prefixes) -> dict:
     return {g: s for g, s in stats.items() if any(g == p or (p.endswith(".") and g.startswith(p)) for p in prefixes)}
 
 
-def judge(stats_by_run: dict[str, dict], good: list[str], prefixes) -> dict[str, rule.RunVerdict]:
+def judge(stats_by_run: dict[str, dict], good: list[str], prefixes,
+          leave_out: dict[str, list[str]] | None = None) -> dict[str, rule.RunVerdict]:
     """The rule's verdict on every run for the groups named by `prefixes` (a prefix ending in '.' takes every group
-    under it; otherwise the group itself), against the known-correct runs `good`."""
-    return rule.judge_runs({n: _select(s, prefixes) for n, s in stats_by_run.items()}, good)
+    under it; otherwise the group itself), against the known-correct runs `good`, each run's band leaving out
+    `leave_out[run]` besides the run itself (`reruns_of`)."""
+    return rule.judge_runs({n: _select(s, prefixes) for n, s in stats_by_run.items()}, good, leave_out=leave_out)
+
+
+def reruns_of(runs: dict[str, dict]) -> dict[str, list[str]]:
+    """Per run, the other runs of its layout and planted bug (its reruns): a layout is held to the other layouts,
+    not to copies of itself."""
+    key = {n: (layout_of(r), r.get("mistake") or "none") for n, r in runs.items()}
+    return {n: [m for m in runs if m != n and key[m] == key[n]] for n in runs}
 
 
 def _fmt(x) -> str:
@@ -104,7 +114,7 @@ def _gradients(sub: list[dict]) -> list[Finding]:
     r0 = sub[0]
     subj = subject_of(r0)
     out: list[Finding] = []
-    verdicts = {part: judge(stats, good, pre) for part, pre in GRADIENT_PARTS.items()}
+    verdicts = {part: judge(stats, good, pre, reruns_of(runs)) for part, pre in GRADIENT_PARTS.items()}
     story_ok = []
     for n, r in runs.items():
         parts, ok = [], True
@@ -223,7 +233,7 @@ def step_verdicts(runs: dict[str, dict]) -> list[dict[str, dict[str, rule.RunVer
     out = []
     for t in range(K):
         stats = {n: r["steps_compared"][t]["stats"] for n, r in runs.items()}
-        out.append({part: judge(stats, good, groups_) for part, groups_ in TRAJECTORY_PARTS.items()})
+        out.append({part: judge(stats, good, groups_, reruns_of(runs)) for part, groups_ in TRAJECTORY_PARTS.items()})
     return out
 
 
@@ -302,5 +312,5 @@ def findings(records: list[dict]) -> list[Finding]:
     return out
 
 
-__all__ = ["findings", "judge", "step_verdicts", "name_of", "layout_of", "planted", "GRADIENT_PARTS",
+__all__ = ["findings", "judge", "reruns_of", "step_verdicts", "name_of", "layout_of", "planted", "GRADIENT_PARTS",
            "TRAJECTORY_PARTS", "GRADIENTS", "TRAJECTORY", "Q_GRAD", "Q_TRAIN", "Q_TRUTH", "Q_RERUN", "FP64_AGREE"]
