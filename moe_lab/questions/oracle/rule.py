@@ -230,17 +230,19 @@ def _band(values: Sequence[float], noises: Sequence[float], runs: Sequence[str])
     return Band(lo=float(min(values)), hi=float(max(values)), noise=float(max(noises)), runs=tuple(runs))
 
 
-def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapping[str, dict]]) -> RunVerdict:
+def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapping[str, dict]], *,
+              min_runs: int = 2) -> RunVerdict:
     """One run's statistics (`error_stats`' dicts, any number of prefixes merged) against the known-correct runs'
     (run name → their statistics, the run itself left out by the caller). Groups the run has and the band's runs
-    lack are not judged. With fewer than two known-correct runs there is no measured spread: `judged` is False."""
+    lack are not judged. With fewer than `min_runs` known-correct runs there is no measured spread: `judged` is False
+    (`min_runs` 1: a band of one run, its width zero, its noise the statistics' own)."""
     names = [n for n in band_stats if n != run]
-    if len(names) < 2:
+    if len(names) < min_runs:
         return RunVerdict(run=run, in_band=True, band_runs=tuple(names), judged=False)
     deps = []
     for g, s in stats.items():
         others = [band_stats[n][g] for n in names if g in band_stats[n]]
-        if len(others) < 2 or not s.get("n"):
+        if len(others) < min_runs or not s.get("n"):
             continue
         for st in ULP_STATISTICS:
             vals = [o[st] for o in others]
@@ -428,4 +430,79 @@ def pair_verdict(a: RunVerdict, b: RunVerdict, tolerance: Tolerance | None = Non
 
 __all__ = ["ULP_STATISTICS", "BIAS", "BIAS_SIGMAS", "ALL", "as_float64", "round_bf16", "bf16_ulp", "errors",
            "error_stats", "Band", "Departure", "RunVerdict", "judge_run", "judge_runs", "bf16_ordered", "Tolerance",
-           "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "ROUTING", "flip_limit", "judge_flips"]
+           "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "ROUTING", "flip_limit", "judge_flips", "judge"]
+
+
+def _bf16_values(x, name: str) -> np.ndarray:
+    """A run's values as float64, checked to be bf16 values (a torch bf16 tensor, or numbers bf16 represents)."""
+    dtype = str(getattr(x, "dtype", ""))
+    if dtype.startswith("torch.") and dtype != "torch.bfloat16":
+        raise ValueError(f"{name} is a {dtype} tensor; the oracle judges bf16 runs: pass the bf16 output as saved "
+                         f"(or {name}.bfloat16() if it was bf16 before it was cast)")
+    try:
+        v = as_float64(x)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be a torch tensor or a numpy array of numbers: {e}") from None
+    fin = np.isfinite(v)
+    if not np.array_equal(round_bf16(v[fin]), v[fin]):
+        bad = int((round_bf16(v[fin]) != v[fin]).sum())
+        raise ValueError(f"{name}: {bad:,} of {v.size:,} values are not bf16 values; the oracle judges bf16 runs "
+                         f"(cast the saved output with .bfloat16() / round it to bf16 before judging)")
+    return v
+
+
+def judge(a, b, truth=None, known_good: Sequence = (), *, labels=None) -> PairVerdict:
+    """Is the gap between two bf16 outputs `a` and `b` (torch tensors or numpy arrays, same shape) expected?
+
+    With `truth` (the same computation in fp64 — or any higher precision — from the same bf16 inputs): each run's
+    error to it, per element in ULPs of the truth's bf16 value, is judged against the band of `known_good` (outputs
+    of runs you know to be correct: other layouts, reruns), or, where fewer than two are given, `a` against `b` and
+    `b` against `a` (a band of one run: its width zero, the statistics' own noise). Without `truth`, the known-good
+    runs stand in for it: each run is measured against the mean of the known-good runs but one (every run against
+    a mean of as many runs; a known-good run against the others'), which needs at least two known-good runs.
+
+    `labels`: one group label per element (e.g. the expert a token went to, repeated over the hidden size): every
+    group is judged too. Returns a `PairVerdict`: `.expected`, `.tolerance` (the gap and the
+    `torch.testing.assert_close` it needs), `.why`, and a `str()` to read. A shape or dtype mismatch, or values
+    that are not bf16, is a ValueError that says which.
+    """
+    va, vb = _bf16_values(a, "a"), _bf16_values(b, "b")
+    shape_a, shape_b = tuple(getattr(a, "shape", va.shape)), tuple(getattr(b, "shape", vb.shape))
+    if shape_a != shape_b:
+        raise ValueError(f"a and b must have one shape: {shape_a} vs {shape_b}")
+    da, db = str(getattr(a, "dtype", "")), str(getattr(b, "dtype", ""))
+    if da.startswith("torch.") != db.startswith("torch.") or (da.startswith("torch.") and da != db):
+        raise ValueError(f"a and b must have one dtype: {da or type(a).__name__} vs {db or type(b).__name__}")
+    good = [_bf16_values(g, f"known_good[{i}]") for i, g in enumerate(known_good)]
+    for i, (g, raw) in enumerate(zip(good, known_good)):
+        if tuple(getattr(raw, "shape", g.shape)) != shape_a:
+            raise ValueError(f"known_good[{i}] has shape {tuple(getattr(raw, 'shape', g.shape))}; a has {shape_a}")
+    t = None
+    if truth is not None:
+        t = as_float64(truth)
+        if tuple(getattr(truth, "shape", t.shape)) != shape_a:
+            raise ValueError(f"truth has shape {tuple(getattr(truth, 'shape', t.shape))}; a and b have {shape_a}")
+    elif len(good) < 2:
+        raise ValueError(f"without a truth the oracle needs at least two known-good runs to stand in for it "
+                         f"(got {len(good)}): pass truth= (the fp64 computation from the same bf16 inputs) or "
+                         f"known_good=(run1, run2, ...)")
+    runs = {"a": va, "b": vb, **{f"known_good[{i}]": g for i, g in enumerate(good)}}
+    stats = {}
+    for name, v in runs.items():
+        if t is not None:
+            ref = t
+        else:
+            others = [g for j, g in enumerate(good) if f"known_good[{j}]" != name]
+            ref = np.mean(others[: len(good) - 1], axis=0)
+        stats[name] = error_stats(v, ref, labels)
+    kg = [n for n in runs if n.startswith("known_good")]
+    if len(kg) >= 2:
+        verdicts = judge_runs(stats, known_good=kg)
+    else:  # a against b and b against a, with the known-good run (if one) in both bands
+        verdicts = {n: judge_run(n, stats[n], {k: stats[k] for k in runs if k != n}, min_runs=1) for n in ("a", "b")}
+    v = pair_verdict(verdicts["a"], verdicts["b"], pair_gap(va, vb))
+    basis = ("against the truth given" if t is not None else
+             f"against the mean of {len(good) - 1} known-good run(s) standing in for the truth")
+    band = (f"the band of {len(kg)} known-good runs" if len(kg) >= 2 else "each other (a band of one run)")
+    return PairVerdict(v.a, v.b, expected=v.expected, tolerance=v.tolerance, judged=v.judged, farther=v.farther,
+                       why=f"{v.why} (errors {basis}, held to {band})")
