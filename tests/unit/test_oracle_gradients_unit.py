@@ -275,3 +275,47 @@ def test_params_checks_with_their_controls():
         with pytest.raises(ValueError, match=words):
             OracleTrainingParams.from_dict(bad)
     OracleTrainingParams.from_dict({"layouts": ["ep1", "tp2,ep2,sp"], "reruns": []})  # the control: accepted
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def _palette_or_grey(fig) -> list:
+    from matplotlib.colors import to_rgb
+
+    from moe_lab.reporting import plots
+
+    bad = []
+    for ax in fig.get_axes():
+        for line in ax.get_lines():
+            rgb = to_rgb(line.get_color())
+            if not (max(rgb) - min(rgb) < 0.02 or any(np.allclose(rgb, to_rgb(c), atol=0.01) for c in plots.PALETTE)):
+                bad.append(line.get_color())
+    return bad
+
+
+def test_figures_draw_the_records_and_say_their_numbers():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from moe_lab.questions.oracle import gradients_figures as fig_mod
+    from moe_lab.reporting import plots
+
+    recs = _story() + _trajectory_story()
+    try:
+        g = fig_mod.gradient_errors(recs)
+        alt = plots.description_of(g)
+        bug_p99 = recs[4]["stats"]["experts.all"]["p99"]
+        assert f"{bug_p99:.3g}" in alt and "5 runs (1 with a planted bug)" in alt, alt
+        t = fig_mod.trajectory_errors(recs)
+        alt_t = plots.description_of(t)
+        assert "(1–4)" in alt_t and "planted (step 1 to 4)" in alt_t, alt_t
+        assert _palette_or_grey(g) == [] and _palette_or_grey(t) == []
+        # the controls: no records says so; an off-palette line is seen
+        assert "nothing to draw" in plots.description_of(fig_mod.gradient_errors([]))
+        t.get_axes()[0].plot([1], [1], color="#ff00ff")
+        assert _palette_or_grey(t) == ["#ff00ff"]
+    finally:
+        plt.close("all")
