@@ -1,0 +1,234 @@
+"""Notebook 08's rule (`moe_lab.questions.oracle.rule`), its public judge (`moe_lab.oracle.judge`) and its findings on
+constructed tensors and records: a pure reordering of sums is expected, a bias of a few ULP on some tokens is not,
+a flip at a near-tie is expected and one at a large margin is not, each check beside a control that shows it can
+fail; the findings' words follow the rule's verdicts on generated records (hypothesis), the records that contradict
+the usual story included (a correct-looking layout out of band, a planted bug in band)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from moe_lab import oracle
+from moe_lab.findings.model import FAIL, MIXED, PASS
+from moe_lab.questions.oracle import findings as found
+from moe_lab.questions.oracle import rule
+
+
+def _product(seed: int = 0, tokens: int = 256, k: int = 64, n: int = 128):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, k, generator=g).bfloat16()
+    w = (torch.randn(k, n, generator=g) * 0.1).bfloat16()
+    return x, w, x.double() @ w.double()
+
+
+def _summed(x, w, order, chunk: int = 16):
+    """x @ w as a bf16 sum of chunk partial products, in `order`: a reordering of the same sums."""
+    acc = torch.zeros(x.shape[0], w.shape[1])
+    for c in order:
+        part = (x[:, c * chunk:(c + 1) * chunk].float() @ w[c * chunk:(c + 1) * chunk].float()).bfloat16().float()
+        acc = (acc + part).bfloat16().float()
+    return acc.bfloat16()
+
+
+ORDERS = ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2], [2, 0, 3, 1])
+
+
+@pytest.fixture(scope="module")
+def reorderings():
+    x, w, truth = _product()
+    return truth, [_summed(x, w, o) for o in ORDERS]
+
+
+def _plus_ulps(run: torch.Tensor, truth: torch.Tensor, ulps: float, rows: slice) -> torch.Tensor:
+    out = run.double().clone()
+    step = torch.from_numpy(rule.bf16_ulp(truth[rows].numpy()).reshape(truth[rows].shape))
+    out[rows] += ulps * step
+    return out.bfloat16()
+
+
+def test_bf16_ulp_and_rounding_by_hand():
+    assert rule.bf16_ulp(np.array([1.0, 1.5, 1.99, 2.0, 0.75, -3.0])).tolist() == [2 ** -7, 2 ** -7, 2 ** -7, 2 ** -6,
+                                                                                  2 ** -8, 2 ** -6]
+    # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to even (1); just above it rounds up
+    assert rule.round_bf16(np.array([1 + 2 ** -8, 1 + 2 ** -8 + 2 ** -20])).tolist() == [1.0, 1 + 2 ** -7]
+    ulp, rel = rule.errors(np.array([1.0 + 2 ** -7, 2.0]), np.array([1.0, 2.0]))
+    assert ulp.tolist() == [1.0, 0.0] and rel.tolist() == [2 ** -7, 0.0]
+    assert rule.bf16_ordered(np.array([1.0, 1 + 2 ** -7, -0.0, 0.0])).tolist()[:2] == [0x3F80, 0x3F81]
+
+
+def test_a_pure_reordering_of_sums_is_expected_and_a_bias_on_some_tokens_is_not(reorderings):
+    truth, runs = reorderings
+    labels = np.repeat(np.arange(truth.shape[0]) // 32, truth.shape[1])  # 8 groups of 32 tokens
+    stats = {f"order {i}": rule.error_stats(r, truth, labels) for i, r in enumerate(runs)}
+    verdicts = rule.judge_runs(stats)
+    assert all(v.in_band and v.judged for v in verdicts.values()), [v.departures for v in verdicts.values()]
+    # the control: +2 ULP on the first 32 tokens of one reordering — out of band, in its own group first
+    stats["biased"] = rule.error_stats(_plus_ulps(runs[0], truth, 2, slice(0, 32)), truth, labels)
+    v = rule.judge_runs(stats, known_good=[f"order {i}" for i in range(4)])["biased"]
+    assert not v.in_band and any(d.group == "0" for d in v.departures)
+    assert all(d.group in ("all", "0") for d in v.departures)  # the other tokens' groups stay in band
+
+
+def test_a_bias_is_judged_in_standard_errors_beside_its_control():
+    """A signed mean of +1 ULP over many elements with a small spread is a bias; the same spread without the shift
+    is not (the control)."""
+    rng = np.random.default_rng(1)
+    truth = rng.uniform(1.0, 1.9, 20000)
+    runs = {f"r{i}": rule.round_bf16(truth + rng.normal(0, 0.3, truth.size) * 2 ** -7) for i in range(4)}
+    stats = {k: rule.error_stats(v, truth) for k, v in runs.items()}
+    shifted = rule.round_bf16(truth + (rng.normal(0, 0.3, truth.size) + 1.0) * 2 ** -7)
+    stats["shifted"] = rule.error_stats(shifted, truth)
+    v = rule.judge_runs(stats, known_good=list(runs))
+    assert all(v[k].in_band for k in runs)
+    assert not v["shifted"].in_band and any(d.statistic in (rule.BIAS, "median") for d in v["shifted"].departures)
+
+
+def test_a_flip_at_a_near_tie_is_expected_and_one_at_a_large_margin_is_not(reorderings):
+    truth, runs = reorderings
+    stats = {f"r{i}": {**rule.error_stats(r, truth, prefix="router.logits/")} for i, r in enumerate(runs)}
+    limit = rule.flip_limit(stats, "router.logits/all")
+    assert limit is not None and limit > 0
+    near = rule.judge_runs(stats, flipped_margins={"r0": [limit * 0.5]})
+    far = rule.judge_runs(stats, flipped_margins={"r0": [limit * 4]})
+    assert near["r0"].in_band
+    assert not far["r0"].in_band and far["r0"].first.group == rule.ROUTING and far["r0"].first.statistic == rule.FLIP
+
+
+def test_the_tolerance_a_pair_needs_passes_on_the_pair_and_none_does_not(reorderings):
+    truth, runs = reorderings
+    a, b = runs[0], runs[1]
+    t = rule.pair_gap(a, b)
+    assert 0 < t.differ < t.n and t.max_ulp >= t.p999_ulp > 0
+    torch.testing.assert_close(a, b, atol=t.atol, rtol=t.rtol)
+    with pytest.raises(AssertionError):  # the control: the tolerance is needed
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    same = rule.pair_gap(a, a.clone())
+    assert same.differ == 0 and same.atol == 0 and "0 of 32,768" in same.words()
+
+
+def test_judge_on_saved_tensors_and_arrays(reorderings):
+    truth, runs = reorderings
+    v = oracle.judge(runs[0], runs[1], truth=truth, known_good=runs[2:])
+    assert v.expected and v.judged and "expected" in str(v) and "assert_close" in str(v)
+    bad = _plus_ulps(runs[1], truth, 3, slice(0, 64))
+    v = oracle.judge(runs[0], bad, truth=truth, known_good=runs[2:])
+    assert not v.expected and v.farther == ("b",) and "not explained by rounding" in str(v)
+    # numpy arrays, no truth: the known-good runs stand in for it
+    np_runs = [r.float().numpy() for r in runs]
+    assert oracle.judge(np_runs[0], np_runs[1], known_good=np_runs[1:]).expected
+    assert not oracle.judge(np_runs[0], bad.float().numpy(), known_good=np_runs[1:]).expected
+
+
+@pytest.mark.parametrize("args, kw, says", [
+    (lambda r, t: (r[0], r[1][:10]), lambda r, t: {"truth": t}, "one shape"),
+    (lambda r, t: (r[0], r[1].float()), lambda r, t: {"truth": t}, "torch.float32 tensor"),
+    (lambda r, t: (r[0].float().numpy() + 1e-3, r[1].float().numpy()), lambda r, t: {"truth": t}, "not bf16 values"),
+    (lambda r, t: (r[0], r[1]), lambda r, t: {"truth": t[:5]}, "truth has shape"),
+    (lambda r, t: (r[0], r[1]), lambda r, t: {"known_good": (r[2],)}, "at least two known-good"),
+    (lambda r, t: (r[0], r[1]), lambda r, t: {"known_good": (r[2][:3], r[3])}, "known_good[0] has shape"),
+])
+def test_judge_refuses_bad_input_by_name(reorderings, args, kw, says):
+    truth, runs = reorderings
+    with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        oracle.judge(*args(runs, truth), **kw(runs, truth))
+
+
+# ---------------------------------------------------------------------------------------------- findings
+
+
+HEADER = {"kind": "oracle", "experiment": "oracle", "notebook": "08", "dispatcher": "allgather",
+          "megatron_core": "0.16.1", "world": 4, "backend": "gloo", "device": "cpu", "case_key": "k1",
+          "config": {"hidden": 128, "num_experts": 8, "topk": 4, "ffn_hidden": 256, "seq_len": 256, "dtype": "bf16"}}
+LAYOUTS = ("ep1", "ep4", "tp2,ep2")
+
+
+def _record(truth, runs_by_label: dict, faults: dict[str, str], flips: dict | None = None) -> dict:
+    """A record as the experiment writes it, from constructed outputs: label → (layout, fault, trial, output)."""
+    runs = []
+    for label, (layout, fault, trial, out) in runs_by_label.items():
+        runs.append({"label": label, "dispatcher": "allgather", "layout": layout, "fault": fault, "trial": trial,
+                     "stats": {**rule.error_stats(rule.round_bf16(truth[:8].numpy()), truth[:8],
+                                                  prefix="router.logits/"),
+                               **rule.error_stats(out, truth, prefix="out/")},
+                     "flips": {"tokens": 256, "flipped": len((flips or {}).get(label, [])),
+                               "flipped_margin_ulp": list((flips or {}).get(label, [])),
+                               "margin_ulp_quantiles": {"min": 0.5, "p1": 2.0, "median": 100.0},
+                               "margin_ulp_below": {}}})
+    outs = {k: v[3] for k, v in runs_by_label.items()}
+    ref = next(k for k, v in runs_by_label.items() if v[0] == "ep1" and v[2] == 1)
+    pairs = [{"a": ref, "b": k, **rule.pair_gap(outs[ref], outs[k]).asdict()} for k in outs if k != ref]
+    return {**HEADER, "reference": "ep1", "layouts": list(LAYOUTS), "dispatchers": ["allgather"],
+            "faults": list(faults), "trials": 2, "runs": runs, "pairs": pairs, "fp64_layouts": {}, "truth": {}}
+
+
+def _story(reorderings, *, layout_bias: dict | None = None, fault_ulps: dict | None = None, flips=None):
+    truth, outs = reorderings
+    runs = {}
+    for i, lay in enumerate(LAYOUTS):
+        for t in (1, 2):
+            out = outs[i]
+            if (layout_bias or {}).get(lay):
+                out = _plus_ulps(out, truth, layout_bias[lay], slice(0, 128))
+            runs[f"allgather {lay} #{t}"] = (lay, None, t, out)
+    faults = {"swap_experts": "ep4", "scale_expert": "ep4"}
+    for f, ulps in (fault_ulps or {"swap_experts": 40, "scale_expert": 0}).items():
+        runs[f"allgather ep4 + {f}"] = ("ep4", f, 1, _plus_ulps(outs[1], truth, ulps, slice(0, 128)) if ulps
+                                        else outs[3])
+    return _record(truth, runs, faults, flips)
+
+
+def test_the_usual_story_expected_with_its_tolerance_and_the_faults_caught(reorderings):
+    fs = found.findings([_story(reorderings)])
+    card = next(f for f in fs if f.question == found.QUESTION)
+    assert card.status == PASS and card.short.startswith("yes") and card.card
+    assert "swap_experts" in card.claim and "not explained by rounding" in card.claim
+    assert "below what rounding lets the oracle see" in card.claim
+    tol = next(f for f in fs if f.question == found.TOLERANCE)
+    assert "assert_close(a, b, atol=" in tol.claim and "ep4 vs ep1" in tol.claim
+
+
+def test_a_correct_looking_layout_out_of_band_is_named(reorderings):
+    fs = found.findings([_story(reorderings, layout_bias={"tp2,ep2": 3})])
+    card = next(f for f in fs if f.question == found.QUESTION)
+    assert card.status == FAIL and "tp2,ep2" in card.short and "not explained by rounding: tp2,ep2" in card.claim
+
+
+def test_a_planted_bug_in_band_is_said_not_caught(reorderings):
+    fs = found.findings([_story(reorderings, fault_ulps={"swap_experts": 0, "scale_expert": 0})])
+    card = next(f for f in fs if f.question == found.QUESTION)
+    assert card.status == MIXED and "NOT caught" in card.claim and "tells little" in card.claim
+
+
+def test_a_flip_at_a_large_margin_on_a_layout_is_a_routing_departure(reorderings):
+    rec = _story(reorderings, flips={"allgather ep4 #1": [500.0]})
+    fs = found.findings([rec])
+    card = next(f for f in fs if f.question == found.QUESTION)
+    flips = next(f for f in fs if f.question == found.FLIPS)
+    assert card.status == FAIL and "routing" in card.claim and flips.status == FAIL and "500" in flips.claim
+    ok = found.findings([_story(reorderings, flips={"allgather ep4 #1": [0.1]})])  # the control: a near-tie
+    assert next(f for f in ok if f.question == found.QUESTION).status == PASS
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bias=st.dictionaries(st.sampled_from(LAYOUTS), st.sampled_from([0, 0, 1, 4])),
+       swap=st.sampled_from([0, 2, 40]))
+def test_the_words_follow_the_rules_verdicts(reorderings, bias, swap):
+    """Whatever the runs measure, the card's status and words are the rule's verdicts run by run: a layout out of
+    band is named (FAIL), a control in band is said not caught (MIXED), otherwise expected (PASS)."""
+    rec = _story(reorderings, layout_bias=bias, fault_ulps={"swap_experts": swap, "scale_expert": 0})
+    verdicts = found.judged(rec)
+    card = next(f for f in found.findings([rec]) if f.question == found.QUESTION)
+    bad = sorted({r["layout"] for r in rec["runs"] if not r["fault"] and not verdicts[r["label"]].in_band})
+    swap_caught = not verdicts["allgather ep4 + swap_experts"].in_band
+    if bad:
+        assert card.status == FAIL and all(lay in card.short for lay in bad)
+    elif not swap_caught:
+        assert card.status == MIXED and "swap_experts: NOT caught" in card.claim
+    else:
+        assert card.status == PASS and "expected" in card.claim
+    # a planted bug is worded by what was measured, caught or not
+    assert ("swap_experts" in card.claim) and (("not explained by rounding" in card.claim) or not swap_caught)
