@@ -22,7 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .argtypes import notebooks as _notebooks, nonempty as _nonempty, whole_seconds as _whole_seconds
+from .argtypes import notebooks as _notebooks, nonempty as _nonempty, number as _number, whole_seconds as _whole_seconds
 from .options import add_launcher_arguments, kv as _kv, launcher_kwargs
 
 logger = logging.getLogger("moe_lab")
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "or a folder of files git tracks)")
     r.add_argument("--timeout", type=_whole_seconds, default=None, help="seconds per notebook (default 1800; whole "
                    "seconds, a fraction is rounded up)")
+    r.add_argument("--budget", type=_number("--budget", least=0, most=7 * 86400), default=None,
+                   help="cpu profile: seconds its notebooks may take on this CPU (default 300); the run times one "
+                   "bf16 GEMM and runs a smaller layer where the prediction is over it, said in the report; 0: "
+                   "the profile's layer whatever it takes")
     add_launcher_arguments(r)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")
@@ -147,7 +151,8 @@ def cmd_run(a) -> int:
     overrides = dict(a.params)
     overrides.update(launcher_kwargs(a))
     profile = check_run(a, overrides)
-    return runner.run_all(profile=profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout)
+    return runner.run_all(profile=profile, only=a.only, overrides=overrides, out=a.out, timeout=a.timeout,
+                          budget=a.budget)
 
 
 def check_run(a, overrides: dict) -> str:

@@ -240,6 +240,12 @@ def _files(out_dir: Path) -> str:
                                          for n in names) + "</ul>"
 
 
+def _sizing_note(meta: dict) -> str:
+    """The run's sizing for this CPU (`reporting.budget`), in its own words, under the answers."""
+    words = meta.get("sizing")
+    return f"<p class='sizing'><b>Sized for this CPU:</b> {html.escape(str(words))}</p>" if words else ""
+
+
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
     """index.html + index.json: the one-screen answer (banner and answer table from results.json), the evidence per
     subject, the provenance header, every file of the folder, and one row
@@ -287,6 +293,7 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
 what cost — per subject, from <a href="results.json">results.json</a> (the question:
 <a href="{summary.ISSUE}">Megatron-LM #1421</a>). A subject's evidence is a click away.</p>
 {summary.render_answers(rows_)}
+{_sizing_note(meta)}
 <h2>Evidence per subject</h2>{render.evidence(rows_) or "<p>(no records yet)</p>"}
 <h2>Notebooks</h2><table><tr><th>#</th><th>question</th><th>run</th><th>finding</th><th>HTML</th></tr>
 {''.join(trs)}</table>
@@ -309,8 +316,10 @@ window.addEventListener('hashchange',openHash);openHash();</script></body></html
 
 
 def run_all(*, profile: str | None = None, only: str | None = None, overrides: dict | None = None,
-            out: str | None = None, timeout: float | None = None, nb_dir: Path = NOTEBOOKS) -> int:
-    """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first."""
+            out: str | None = None, timeout: float | None = None, nb_dir: Path = NOTEBOOKS,
+            budget: float | None = None) -> int:
+    """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first.
+    `budget`: the cpu profile's seconds on this CPU (`reporting.budget`; None: its default, 0: no sizing)."""
     out_dir = check_out(out)  # '', reports/published/…, a folder of tracked files: one line, nothing started
     profile = profile or default_profile()
     config = profiles.load(profile, overrides)  # parsed once; raises ValueError before anything starts
@@ -347,7 +356,14 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     # the files of earlier runs are checked once the lock is held (no other run is rewriting them), before the
     # cluster starts: each item of a `with` is entered before the next one is evaluated
     with interrupts.handling(), _run_lock(out_dir), _checked_out_files(out_dir, chosen), \
-            _shared_cluster(config, out_dir, len(chosen)):
+            _shared_cluster(config, out_dir, len(chosen)) as cluster:
+        sizing = _size_for_this_cpu(cluster, config, profile, overrides or {}, [n for n, _ in chosen], budget)
+        if sizing is not None:
+            meta["sizing"] = sizing.words()
+            logger.info("sizing: %s", meta["sizing"])
+            if sizing.overrides:
+                overrides = {**(overrides or {}), **sizing.overrides}
+                config = profiles.load(profile, overrides)
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
@@ -389,6 +405,32 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         print(f"moe-lab run: {faults[0]['file']}: {faults[0]['error']}", file=sys.stderr)
         return 3
     return 1 if failed else 0
+
+
+SIZED_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "cut", "seq_lens", "model", "scale")
+"""Profile keys whose override makes a run's layer another than the one `budget.CALIBRATION` was measured on."""
+
+
+def _size_for_this_cpu(cluster, config, profile: str, overrides: dict, notebooks: list[str], budget: float | None):
+    """The cpu profile's run sized for this CPU (`reporting.budget`), or None where it is not sized: a GPU, --budget
+    0, a layer other than the calibrated one (another profile, a layer key overridden), or no shared cluster to
+    time the GEMM on (a single notebook: its own cluster starts inside it)."""
+    from . import budget as budget_mod
+
+    if budget == 0 or config.cluster.device != "cpu" or profile != "cpu" or cluster is None:
+        return None
+    touched = sorted(k for k in overrides if k.split(".")[-1] in SIZED_KEYS)
+    if touched:
+        logger.info("sizing: not sized (the calibration is the cpu profile's layer; %s overridden)", ", ".join(touched))
+        return None
+    from ..controller import calls
+    from ..questions.seq_len.params import SeqLenParams
+
+    took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
+    layer = {"ffn_hidden": config.layer.ffn_hidden, "seq_len": config.layer.seq_len, "cut": config.run.cut,
+             "seq_lens": list(config.params(SeqLenParams).seq_lens)}
+    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks,
+                           budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
 
 
 SHARED_FILE = ".moe_lab-cluster.json"
