@@ -5,9 +5,9 @@ the CPU has bf16 instructions (AVX-512 BF16, AMX); an AVX2-only CPU takes torch'
 (docs/bench.md). So a run on the cpu profile first times one bf16 expert GEMM on an engine (`REFERENCE_SHAPE`, one
 thread, as the engines run), predicts each notebook's time from it with the line `CALIBRATION` measured on two runs of
 the profile (seconds = fixed + per_ms x the GEMM's ms), and, where the prediction is over the budget, runs a smaller
-layer: the experts' ffn width halved, then the tokens per forward, then the ffn width again (each step halves the
-GEMMs' work, `STEPS`), the smallest cut that the prediction says holds. The report says what was measured, what
-was predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
+layer: the experts' ffn width and the tokens per forward halved in turn (each step halves the GEMMs' work, `STEPS`),
+as few steps as the prediction says hold it. The report says what was measured, what was predicted and what was cut;
+records carry the layer they ran, so a sized run's cases are its own.
 
 Torch-free: the measurement runs on an engine (`engine.kernels.gemm_ms`), this module only does the arithmetic.
 """
@@ -33,9 +33,10 @@ ATEN_CPU_CAPABILITY=avx2). `gemm_ms`: the reference GEMM's ms in each; `start_s`
 cluster's (no bf16 GEMM); `notebooks`: number → (seconds in the first run, in the second). A notebook not listed
 (one added since) is left out of the prediction."""
 
-STEPS = (("ffn_hidden", 2), ("seq_len", 2), ("ffn_hidden", 2))
+STEPS = (("ffn_hidden", 2), ("seq_len", 2), ("ffn_hidden", 2), ("seq_len", 2), ("ffn_hidden", 2))
 """The cuts, in order, each halving the GEMMs' work: the experts' ffn width (the expert GEMMs' N), the tokens per
-forward (their M; the truncation cut and notebook 09's lengths follow), the ffn width again."""
+forward (their M; the truncation cut and notebook 09's lengths follow), and so on in turn, down to 1/32 of the work
+(ffn 64, 32 tokens: every expert still gets rows from several tokens at top-4 of 8)."""
 
 DEFAULT_BUDGET_S = 300.0
 """The cpu profile's budget for a run (the command's start to its end; set-up excluded)."""

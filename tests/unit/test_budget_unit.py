@@ -42,8 +42,9 @@ def test_a_slow_cpu_gets_the_first_cuts_that_hold_the_budget():
 
 def test_a_budget_no_cut_can_hold_is_said_not_pretended():
     s = budget.size(1000.0, 1.0, LAYER, ["05"], budget_s=100, calibration=CAL)
-    assert not s.held and s.overrides == {"ffn_hidden": 128, "seq_len": 64, "cut": 45, "seq_lens": [32, 64, 128]}
-    assert f"the smallest layer the sizing cuts to (ffn_hidden 128, seq_len 64, cut 45, seq_lens [32, 64, 128]): predicted {s.predicted_s:.0f} s, still over the budget." in s.words()
+    assert not s.held and s.overrides == {"ffn_hidden": 64, "seq_len": 32, "cut": 22, "seq_lens": [16, 32, 64]}
+    assert (f"the smallest layer the sizing cuts to (ffn_hidden 64, seq_len 32, cut 22, seq_lens [16, 32, 64]): "
+            f"predicted {s.predicted_s:.0f} s, still over the budget.") in s.words()
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), "300"])
@@ -56,7 +57,8 @@ def test_a_budget_that_is_not_a_positive_number_is_refused(bad):
 @given(gemm=st.floats(0.01, 1e4), b=st.floats(1, 1e4))
 def test_sizing_cuts_only_as_far_as_the_prediction_needs(gemm, b):
     s = budget.size(gemm, 1.0, LAYER, ["01", "05", "06"], budget_s=b, calibration=CAL)
-    steps = len([k for k in s.overrides if k in ("ffn_hidden", "seq_len")]) + (s.overrides.get("ffn_hidden") == 128)
+    steps = ({512: 0, 256: 1, 128: 2, 64: 3}[s.overrides.get("ffn_hidden", 512)]
+             + {128: 0, 64: 1, 32: 2}[s.overrides.get("seq_len", 128)])
     assert s.predicted_s <= s.predicted_full_s + 1e-9
     assert s.held == (s.predicted_s <= b)
     if s.overrides:  # one cut fewer would not have held: the prediction before the last cut is over the budget
