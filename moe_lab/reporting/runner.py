@@ -321,6 +321,9 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first.
     `budget`: the cpu profile's seconds on this CPU (`reporting.budget`; None: its default, 0: no sizing)."""
     out_dir = check_out(out)  # '', reports/published/…, a folder of tracked files: one line, nothing started
+    if budget is not None and not (isinstance(budget, (int, float)) and not isinstance(budget, bool)
+                                   and 0 <= budget < float("inf")):
+        raise ValueError(f"budget ({budget!r}) must be a number of seconds >= 0 (0: no sizing for this CPU)")
     profile = profile or default_profile()
     config = profiles.load(profile, overrides)  # parsed once; raises ValueError before anything starts
     chosen = select(only, nb_dir)

@@ -73,3 +73,12 @@ def test_the_calibration_covers_every_notebook_that_runs_on_the_cpu_profile():
 
     missing = sorted(q.number for q in QUESTIONS) - budget.CALIBRATION["notebooks"].keys()
     assert missing <= {"08"}, f"notebooks without a calibration line: {sorted(missing)} (docs/bench.md's runs)"
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "300", True])
+def test_run_all_refuses_a_bad_budget_before_anything_starts(bad, tmp_path):
+    from moe_lab.reporting import runner
+
+    with pytest.raises(ValueError, match=r"budget .* must be a number of seconds >= 0"):
+        runner.run_all(profile="cpu", out=str(tmp_path / "out"), budget=bad)
+    assert not (tmp_path / "out").exists()
