@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import preflight
 
+    from . import oracle
+
+    orc = sub.add_parser("oracle", help="is this gap expected: each layout's bf16 output against an fp64 truth of the "
+                                        "same weights and tokens, with planted faults as controls (notebook 08)")
+    oracle.add_arguments(orc)
+
     pf = sub.add_parser("preflight", help="what a model preset on a layout will run, what is left out, memory per "
                                           "rank and GPU (no engines); a layout the layer cannot take is exit 2")
     preflight.add_arguments(pf)
@@ -333,6 +339,12 @@ def cmd_preflight(a) -> int:
     return preflight.cmd(a)
 
 
+def cmd_oracle(a) -> int:
+    from . import oracle
+
+    return oracle.cmd(a)
+
+
 def cmd_scale(a) -> int:
     from . import scale
 
@@ -391,7 +403,7 @@ def _main(a) -> int:
     logging.getLogger("megatron").setLevel(logging.DEBUG if debug else logging.WARNING)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
                "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare,
-               "findings": cmd_findings, "preflight": cmd_preflight}[a.cmd]
+               "findings": cmd_findings, "preflight": cmd_preflight, "oracle": cmd_oracle}[a.cmd]
     try:
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched

@@ -232,3 +232,40 @@ def test_the_words_follow_the_rules_verdicts(reorderings, bias, swap):
         assert card.status == PASS and "expected" in card.claim
     # a planted bug is worded by what was measured, caught or not
     assert ("swap_experts" in card.claim) and (("not explained by rounding" in card.claim) or not swap_caught)
+
+
+def test_bitwise_reruns_of_one_computation_are_no_band(reorderings):
+    """Reruns that repeat the same bits have no spread to measure: a run held only to them is not judged; with a
+    second distinct computation in its band it is (the control)."""
+    truth, runs = reorderings
+    stats = {"x #1": rule.error_stats(runs[0], truth), "x #2": rule.error_stats(runs[0].clone(), truth),
+             "y": rule.error_stats(runs[1], truth)}
+    assert not rule.judge_runs(stats, known_good=["x #1", "x #2"])["y"].judged
+    stats["z"] = rule.error_stats(runs[2], truth)
+    assert rule.judge_runs(stats, known_good=["x #1", "x #2", "z"])["y"].judged
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--layouts", "ep1"], "at least two layouts"),
+    (["--layouts", "ep1;ep3"], "layout 'ep3' on 4 ranks"),
+    (["--faults", "bogus"], "each fault must be one of"),
+    (["--reference", "ep2"], "oracle.reference"),
+    (["--scale", "0.5"], "--scale needs --model"),
+    (["--model", "qwen3-30b-a3b,deepseek-v3"], "one preset at a time"),
+])
+def test_the_oracle_command_refuses_bad_input_before_anything_starts(argv, says, capsys):
+    """One line, exit 2, no engine: `Cluster` is never entered (the control: a good command line reaches it)."""
+    from unittest import mock
+
+    from moe_lab.cli.main import main
+
+    with mock.patch("moe_lab.controller.cluster.Cluster.__enter__", side_effect=AssertionError("started")) as enter:
+        try:
+            rc = main(["oracle", "--device", "cpu", *argv])
+        except SystemExit as e:
+            rc = e.code
+        assert rc == 2 and not enter.called
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1, err
+        with pytest.raises(AssertionError, match="started"):
+            main(["oracle", "--device", "cpu", "--layouts", "ep1;ep4", "--faults", "none"])

@@ -105,8 +105,10 @@ def _one(rec: dict) -> list[Finding]:
                        f"elements differ from their first run ({len(reruns)} reruns)") if reruns else "no reruns"
         control_words = "; ".join(_fault_words(r, verdicts[r["label"]]) for r in faults) or "no fault planted"
         if not layout_runs or unjudged:
-            status, head, short = NA, ("not judged: fewer than two other layouts' runs to measure a band from"), \
-                "not judged"
+            names = sorted({r["layout"] for r in unjudged})
+            status, head, short = NA, (f"not judged: {', '.join(names)} has fewer than two other distinct "
+                                       "computations (layouts, or reruns that differ) to measure a band from — run "
+                                       "more layouts"), "not judged"
         elif out_of_band:
             names = sorted({r["layout"] for r in out_of_band})
             worst = max(out_of_band, key=lambda r: verdicts[r["label"]].excess())

@@ -228,6 +228,10 @@ class RunVerdict:
         return asdict(self)
 
 
+def _fingerprint(group_stats: dict) -> tuple:
+    return tuple(group_stats.get(k) for k in ("n", *ULP_STATISTICS, BIAS))
+
+
 def _band(values: Sequence[float], noises: Sequence[float], runs: Sequence[str]) -> Band:
     return Band(lo=float(min(values)), hi=float(max(values)), noise=float(max(noises)), runs=tuple(runs))
 
@@ -236,10 +240,13 @@ def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapp
               min_runs: int = 2) -> RunVerdict:
     """One run's statistics (`error_stats`' dicts, any number of prefixes merged) against the known-correct runs'
     (run name → their statistics, the run itself left out by the caller). Groups the run has and the band's runs
-    lack are not judged. With fewer than `min_runs` known-correct runs there is no measured spread: `judged` is False
-    (`min_runs` 1: a band of one run, its width zero, its noise the statistics' own)."""
+    lack are not judged. With fewer than `min_runs` known-correct runs — or fewer than `min_runs` distinct ones (bitwise
+    reruns of one computation have the same statistics) — there is no measured spread: `judged` is False (`min_runs`
+    1: a band of one run, its width zero, its noise the statistics' own)."""
     names = [n for n in band_stats if n != run]
-    if len(names) < min_runs:
+    # bitwise reruns repeat one computation: a band's spread needs min_runs distinct ones
+    distinct = {repr(sorted((g, _fingerprint(v)) for g, v in band_stats[n].items())) for n in names}
+    if len(names) < min_runs or len(distinct) < min_runs:
         return RunVerdict(run=run, in_band=True, band_runs=tuple(names), judged=False)
     deps = []
     for g, s in stats.items():
