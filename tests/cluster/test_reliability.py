@@ -514,8 +514,9 @@ def test_a_stopped_engine_outside_a_collective_is_named_and_kill_cont_resumes_it
 
 @pytest.mark.cluster
 def test_a_stopped_engine_dropped_for_missed_heartbeats_is_said_stopped_not_dead(fault_cluster):
-    """With a call timeout longer than ipyparallel's heartbeat allowance (10 missed 3 s pings, its defaults),
-    the hub drops a SIGSTOPped engine while its process lives: the report says it was dropped because it is stopped,
+    """With a call timeout longer than the hub's heartbeat allowance (30 s: 120 missed 250 ms pings,
+    controller.launchers.HEARTBEAT_MS; ipyparallel's default is the same 30 s as 10 missed 3 s pings), the hub drops
+    a SIGSTOPped engine while its process lives: the report says it was dropped because it is stopped,
     with its engine and pid — not that it died — and the engines are stopped (nothing left)."""
     c = _up(fault_cluster)
     rank = 1

@@ -220,3 +220,14 @@ def test_launcher_ranks_order_the_engines_when_every_engine_has_one():
     # Not distinct (a local cluster inside one Slurm job: every engine inherits SLURM_PROCID=0) or missing: ids.
     assert [p["engine"] for p in assign_ranks([(5, "vm"), (4, "vm")], {5: 0, 4: 0})] == [4, 5]
     assert [p["engine"] for p in assign_ranks([(5, "vm"), (4, "vm")], {5: 0})] == [4, 5]
+
+
+def test_the_hub_pings_every_250_ms_with_ipyparallels_30_s_allowance_and_a_users_own_args_come_last():
+    from moe_lab.controller.launchers import HEARTBEAT_ALLOWANCE_S, HEARTBEAT_MS, heartbeat_settings
+
+    ours = heartbeat_settings(launcher_settings(ClusterConfig(device="cpu", engines=2)))["controller_args"]
+    assert ours == [f"--HeartMonitor.period={HEARTBEAT_MS}", "--HeartMonitor.max_heartmonitor_misses=120"]
+    assert HEARTBEAT_MS * 120 == HEARTBEAT_ALLOWANCE_S * 1000 == 3000 * 10  # ipyparallel's 10 missed 3 s pings
+    mine = ["--HeartMonitor.period=1000"]
+    cfg = ClusterConfig(device="cpu", engines=2, launcher_options={"Cluster.controller_args": mine})
+    assert heartbeat_settings(launcher_settings(cfg))["controller_args"] == ours + mine  # the last one wins
