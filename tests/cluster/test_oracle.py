@@ -31,10 +31,10 @@ def test_layouts_and_reruns_are_expected_and_ep_order_has_a_real_gap(record):
     assert len(layout_runs) == 2 * len(LAYOUTS) * 2
     assert all(verdicts[r["label"]].in_band and verdicts[r["label"]].judged for r in layout_runs), \
         [verdicts[r["label"]].departures for r in layout_runs]
-    reruns = [p for p in record["pairs"] if p["a"].endswith("#1") and p["b"].endswith("#2")
-              and p["a"][:-2] == p["b"][:-2]]
+    reruns = [p for p in record["pairs"] if p["a"].endswith("run 1") and p["b"].endswith("run 2")
+              and p["a"][:-6] == p["b"][:-6]]
     assert len(reruns) == 2 * len(LAYOUTS) and all(p["differ"] == 0 for p in reruns)  # CPU and gloo repeat
-    ep4 = found.pair_of(record, "allgather ep1 #1", "allgather ep4 #1")
+    ep4 = found.pair_of(record, "allgather ep1 run 1", "allgather ep4 run 1")
     assert ep4["differ"] > 0 and ep4["atol"] > 0  # EP order: a real gap, and it is expected
     cards = [f for f in found.findings([record]) if f.question == found.QUESTION]
     assert [f.status for f in cards] == [PASS, PASS] and all("expected" in f.claim for f in cards)

@@ -173,7 +173,7 @@ def _story(reorderings, *, layout_bias: dict | None = None, fault_ulps: dict | N
             out = outs[i]
             if (layout_bias or {}).get(lay):
                 out = _plus_ulps(out, truth, layout_bias[lay], slice(0, 128))
-            runs[f"allgather {lay} #{t}"] = (lay, None, t, out)
+            runs[f"allgather {lay} run {t}"] = (lay, None, t, out)
     faults = {"swap_experts": "ep4", "scale_expert": "ep4"}
     for f, ulps in (fault_ulps or {"swap_experts": 40, "scale_expert": 0}).items():
         runs[f"allgather ep4 + {f}"] = ("ep4", f, 1, _plus_ulps(outs[1], truth, ulps, slice(0, 128)) if ulps
@@ -204,12 +204,12 @@ def test_a_planted_bug_in_band_is_said_not_caught(reorderings):
 
 
 def test_a_flip_at_a_large_margin_on_a_layout_is_a_routing_departure(reorderings):
-    rec = _story(reorderings, flips={"allgather ep4 #1": [500.0]})
+    rec = _story(reorderings, flips={"allgather ep4 run 1": [500.0]})
     fs = found.findings([rec])
     card = next(f for f in fs if f.question == found.QUESTION)
     flips = next(f for f in fs if f.question == found.FLIPS)
     assert card.status == FAIL and "routing" in card.claim and flips.status == FAIL and "500" in flips.claim
-    ok = found.findings([_story(reorderings, flips={"allgather ep4 #1": [0.1]})])  # the control: a near-tie
+    ok = found.findings([_story(reorderings, flips={"allgather ep4 run 1": [0.1]})])  # the control: a near-tie
     assert next(f for f in ok if f.question == found.QUESTION).status == PASS
 
 
@@ -238,11 +238,11 @@ def test_bitwise_reruns_of_one_computation_are_no_band(reorderings):
     """Reruns that repeat the same bits have no spread to measure: a run held only to them is not judged; with a
     second distinct computation in its band it is (the control)."""
     truth, runs = reorderings
-    stats = {"x #1": rule.error_stats(runs[0], truth), "x #2": rule.error_stats(runs[0].clone(), truth),
+    stats = {"x run 1": rule.error_stats(runs[0], truth), "x run 2": rule.error_stats(runs[0].clone(), truth),
              "y": rule.error_stats(runs[1], truth)}
-    assert not rule.judge_runs(stats, known_good=["x #1", "x #2"])["y"].judged
+    assert not rule.judge_runs(stats, known_good=["x run 1", "x run 2"])["y"].judged
     stats["z"] = rule.error_stats(runs[2], truth)
-    assert rule.judge_runs(stats, known_good=["x #1", "x #2", "z"])["y"].judged
+    assert rule.judge_runs(stats, known_good=["x run 1", "x run 2", "z"])["y"].judged
 
 
 @pytest.mark.parametrize("argv, says", [

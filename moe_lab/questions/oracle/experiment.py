@@ -245,7 +245,7 @@ def on_engine(payload: dict) -> dict:
     for d, spec in itertools.product(dispatchers, kn["layouts"]):
         for t in range(kn["trials"]):
             stages, _ = _run({**moe, "dispatcher": d}, spec, None)
-            label = f"{d} {spec} #{t + 1}"
+            label = f"{d} {spec} run {t + 1}"
             if rank0:
                 runs.append({"label": label, "dispatcher": d, "layout": spec, "fault": None, "trial": t + 1,
                              **_measure(stages, truth, moe["topk"])})
