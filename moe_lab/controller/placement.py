@@ -72,25 +72,49 @@ def default_config(device: str | None = None, engines: int | None = None, *, gpu
 
 
 def gpu_free_bytes(n: int) -> list[int]:
-    """Free memory of the first `n` GPUs, bytes (NVML when available: no CUDA context in the controller)."""
+    """Free memory of the first `n` GPUs, bytes: NVML's Python binding, else `nvidia-smi`, else torch (a CUDA
+    context on each GPU, made by the controller before any engine: seconds on a cold start, and memory held)."""
+    import os
+
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    idx = [int(x) for x in vis.split(",") if x.strip().isdigit()][:n] if vis else list(range(n))
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            import os
-
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-            idx = [int(x) for x in vis.split(",") if x.strip().isdigit()][:n] if vis else list(range(n))
             if len(idx) == n:
                 return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free) for i in idx]
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML: ask torch (costs a context on each GPU)
+    except Exception:  # noqa: BLE001 - no NVML binding: the driver's own tool
         pass
+    free = _smi_free_bytes()
+    if len(idx) == n and free and all(i in free for i in idx):
+        return [free[i] for i in idx]
     import torch
 
     return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
+
+
+def _smi_free_bytes() -> dict[int, int] | None:
+    """{NVML index: free bytes} from `nvidia-smi` (indices as NVML numbers them, as the binding's above); None where
+    it is missing, fails or says something else."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        if out.returncode != 0:
+            return None
+        rows = [line.split(",") for line in out.stdout.strip().splitlines()]
+        return {int(i): int(float(f)) * 2 ** 20 for i, f in rows}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
 
 
 def from_settings(settings, *, engines: int | None = None) -> ClusterConfig:

@@ -66,3 +66,37 @@ def test_memory_check_refuses_what_does_not_fit_before_anything_starts():
     msg = str(e.value)
     assert "4 rank(s) per GPU need" in msg and "only 10.0 GiB is free" in msg and "use fewer ranks per GPU" in msg
     assert check_memory([seed], ClusterConfig(device="cpu", engines=4)) is None  # CPU: nothing to check
+
+
+def _fake_smi(tmp_path, monkeypatch, body: str):
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir(exist_ok=True)
+    smi.write_text("#!/bin/sh\n" + body)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:/usr/bin:/bin")
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # no NVML binding: the tool is asked
+
+
+def test_free_gpu_memory_comes_from_nvidia_smi_without_a_cuda_context(tmp_path, monkeypatch):
+    from moe_lab.controller import placement
+
+    _fake_smi(tmp_path, monkeypatch, 'echo "0, 143000"\necho "1, 1024"\n')
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert placement.gpu_free_bytes(2) == [143000 * 2 ** 20, 1024 * 2 ** 20]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert placement.gpu_free_bytes(1) == [1024 * 2 ** 20]
+
+
+@pytest.mark.parametrize("body", ["exit 9\n", 'echo "garbage"\n', 'echo "0, 10"\n'])
+def test_a_failing_or_short_nvidia_smi_falls_back_to_torch(tmp_path, monkeypatch, body):
+    """The control: where the tool fails, says something else or lacks a GPU asked for, torch answers (here a
+    stand-in that says so)."""
+    import types
+
+    from moe_lab.controller import placement
+
+    _fake_smi(tmp_path, monkeypatch, body)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(mem_get_info=lambda i: (7 + i, 100)))
+    monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+    assert placement.gpu_free_bytes(2) == [7, 8]
