@@ -87,8 +87,8 @@ def check(a):
     """Everything `moe-lab probe` is given, checked before torch is imported or anything starts (a ValueError, one
     line, exit 2): the layers, the cut, the release, the cluster (engines against this machine's CPUs or GPUs, the
     launcher and its options), the layout on the world, and the memory the ranks need (per GPU, or of the machine
-    for CPU engines). Returns (layers, ClusterConfig, layout). Only device 'cuda' (or none given) imports torch here,
-    to count the GPUs."""
+    for CPU engines). Returns (layers, ClusterConfig, layout). Only device 'cuda', or none given with a CUDA or
+    ROCm build of torch, imports torch here, to count the GPUs (`placement.visible_gpus`)."""
     from ..controller import placement
     from ..controller.launchers import launcher_settings
     from ..layout import Layout

@@ -100,3 +100,33 @@ def test_a_failing_or_short_nvidia_smi_falls_back_to_torch(tmp_path, monkeypatch
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(mem_get_info=lambda i: (7 + i, 100)))
     monkeypatch.setitem(__import__("sys").modules, "torch", fake)
     assert placement.gpu_free_bytes(2) == [7, 8]
+
+
+@pytest.mark.parametrize("text, build, gpus_asked", [
+    ("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\nhip: Optional[str] = None\n", (None, None), False),
+    ("__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", ("13.0", None), True),
+    ("cuda = None\nhip = '6.2.4'\n", (None, "6.2.4"), True),  # ROCm: torch.cuda is HIP there, torch is asked
+    ("cuda = None\n", None, True),  # a file not as expected: torch is asked
+])
+def test_a_cpu_build_of_torch_is_known_from_its_version_file_without_importing_it(tmp_path, monkeypatch, text,
+                                                                                   build, gpus_asked):
+    import importlib.util
+    import sys
+    import types
+
+    from moe_lab.controller import placement
+
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text(text)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: importlib.util.spec_from_file_location("torch", pkg / "__init__.py")
+                        if name == "torch" else real(name, *a))
+    asked = []
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: asked.append(1) or True,
+                                                            device_count=lambda: 3))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert placement._torch_build() == build
+    assert placement.visible_gpus() == (3 if gpus_asked else 0) and bool(asked) == gpus_asked
