@@ -74,7 +74,7 @@ def cases(config: RunConfig) -> list[Case]:
         except ValueError as e:
             raise ValueError(f"oracle layout {spec!r} on {world} ranks: {e}") from None
     return [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
-                 dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=config.run.trials,
+                 dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=p.runs(config.run.trials),
                  reference=p.reference, release=config.release)]
 
 

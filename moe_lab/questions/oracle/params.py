@@ -25,6 +25,9 @@ class OracleParams(Section):
     """The layout whose bf16 weights and tokens, upcast to fp64, are the truth."""
     faults: tuple[str, ...] = FAULT_NAMES
     """Planted faults, each on one layout only (empty: none)."""
+    trials: int = 0
+    """Runs of each layout on each dispatcher (the reruns); 0: the profile's `trials`. Each run's error statistics
+    are measured over every element (the seed layer's 4M output elements take seconds a run on the host's CPU)."""
 
     def __post_init__(self):
         from ...layout import Layout
@@ -40,10 +43,16 @@ class OracleParams(Section):
                 raise ValueError(f"oracle.layouts entry {spec!r}: {e}") from None
         if self.reference not in self.layouts:
             raise ValueError(f"oracle.reference ({self.reference!r}) must be one of oracle.layouts {list(self.layouts)}")
+        from ...config import MAX_REPEATS, check_count
+
+        check_count("oracle.trials", self.trials, least=0, most=MAX_REPEATS, zero="the profile's trials")
         if self.faults in ([], ()):
             object.__setattr__(self, "faults", ())
         else:
             tuple_of(self, "faults", str, FAULT_NAMES)
+
+    def runs(self, profile_trials: int) -> int:
+        return self.trials or profile_trials
 
     def check_world(self, config, ccfg) -> None:
         """Each layout, and each fault's layout, splits the layer on the run's world."""
