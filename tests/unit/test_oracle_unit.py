@@ -269,3 +269,11 @@ def test_the_oracle_command_refuses_bad_input_before_anything_starts(argv, says,
         assert says in err and len(err.splitlines()) == 1, err
         with pytest.raises(AssertionError, match="started"):
             main(["oracle", "--device", "cpu", "--layouts", "ep1;ep4", "--faults", "none"])
+
+
+def test_top_k_differences_between_runs_from_their_flips():
+    """Two runs differ at a token where one flipped and the other did not, or both flipped to different sets; both
+    flipped the same way is no difference (the control)."""
+    a = {"flipped_topk": {"3": [0, 1], "7": [2, 5]}}
+    b = {"flipped_topk": {"3": [0, 1], "9": [4, 6]}}
+    assert found.topk_differences(a, b) == {7, 9} and found.topk_differences(a, a) == set()

@@ -217,6 +217,8 @@ def _measure(stages: dict, truth: dict, k: int) -> dict:
     return {"stats": stats,
             "flips": {"tokens": tokens, "flipped": int(flipped.sum()),
                       "flipped_margin_ulp": [float(m) for m in margin[~kept]],
+                      "flipped_topk": {str(int(t)): r_map[t].nonzero().reshape(-1).tolist()
+                                       for t in flipped.nonzero().reshape(-1)},
                       "margin_ulp_quantiles": {q: float(np.percentile(margin, v)) for q, v in
                                                (("min", 0), ("p1", 1), ("median", 50))},
                       "margin_ulp_below": {str(u): int((margin <= u).sum()) for u in (1, 4, 16, 64)}}}

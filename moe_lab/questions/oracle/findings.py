@@ -71,6 +71,13 @@ def _fault_words(run: dict, v: rule.RunVerdict) -> str:
     return f"{what}: not explained by rounding, {v.excess():.3g}x its limit; first departs at {v.first.words()}"
 
 
+def topk_differences(a: dict, b: dict) -> set[int]:
+    """Tokens whose top-k sets differ between two runs, from each run's flips against the truth (a token neither
+    flipped has the truth's set in both)."""
+    ta, tb = a.get("flipped_topk") or {}, b.get("flipped_topk") or {}
+    return {int(t) for t in set(ta) | set(tb) if ta.get(t) != tb.get(t)}
+
+
 def _one(rec: dict) -> list[Finding]:
     verdicts = judged(rec)
     out: list[Finding] = []
@@ -153,6 +160,16 @@ def _one(rec: dict) -> list[Finding]:
                          f"{q.get('median', float('nan')):.3g}"
                        + (f"; a rounding flip can have a margin up to {lim:.3g} ULP (twice the layouts' router-logit "
                           f"error limit)" if lim is not None else ""))
+        between = []
+        first_runs = {r["layout"]: r for r in layout_runs if r["trial"] == 1}
+        ref_run = first_runs.get(ref)
+        for lay, r in first_runs.items():
+            if ref_run is None or lay == ref or "flipped_topk" not in r["flips"]:
+                continue
+            n = len(topk_differences(ref_run["flips"], r["flips"]))
+            between.append(f"{lay} vs {ref}: {n} of {r['flips']['tokens']} tokens")
+        if between:
+            flips_claim += "; top-k sets differing between layouts: " + ", ".join(between)
         layout_flips = [r for r in layout_runs if any(dep.statistic == rule.FLIP
                                                       for dep in verdicts[r["label"]].departures)]
         out.append(Finding(EXPERIMENT, FLIPS, dict(subj), FAIL if layout_flips else PASS, flips_claim,
@@ -200,4 +217,4 @@ def findings(records: list[dict]) -> list[Finding]:
     return out
 
 
-__all__ = ["findings", "judged", "EXPERIMENT", "QUESTION", "TOLERANCE", "DISPATCHERS", "FLIPS", "TRUTH"]
+__all__ = ["findings", "judged", "topk_differences", "EXPERIMENT", "QUESTION", "TOLERANCE", "DISPATCHERS", "FLIPS", "TRUTH"]
