@@ -41,7 +41,8 @@ QUESTION_LAYERS = {"experiment": "experiments", "layouts": "experiments", "verdi
                    "findings": "findings", "layouts_findings": "findings", "compare": "findings",
                    "figures": "reporting", "params": "question", "QUESTION": "question", "record": "question",
                    "layouts_record": "question", "rule": "findings", "gradients": "experiments",
-                   "trajectory": "experiments", "gradients_findings": "findings", "gradients_params": "question"}
+                   "trajectory": "experiments", "gradients_findings": "findings", "gradients_params": "question",
+                   "gradients_figures": "reporting"}
 """A question folder's modules → their layer; an unknown module name in a folder is an error (say its layer here)."""
 
 
