@@ -227,9 +227,10 @@ def whole_state(every: list[dict], gated: bool) -> dict:
     return out
 
 
-def compare_state(run: dict, truth: dict, groups, seed: int, *, prefix: str = "") -> dict:
-    """Rank 0: the rule's statistics of each group of the run against the truth (experts also per expert), the run's
-    least-squares scale against the truth (all and per expert), its fingerprint, and the truth's norm and sketch."""
+def compare_state(run: dict, truth: dict, groups, seed: int, *, prefix: str = "", per_expert: bool = True) -> dict:
+    """Rank 0: the rule's statistics of each group of the run against the truth (experts also per expert where
+    `per_expert`), the run's least-squares scale against the truth (likewise), its fingerprint, and the truth's norm
+    and sketch."""
     import torch
 
     from ... import metrics
@@ -239,7 +240,7 @@ def compare_state(run: dict, truth: dict, groups, seed: int, *, prefix: str = ""
     stats, scale, fps, tnorm, sketch = {}, {}, {}, {}, {}
     for g in groups:
         a, t = run[g], truth[g]
-        labels = run["experts_labels"].numpy() if g == "experts" else None
+        labels = run["experts_labels"].numpy() if g == "experts" and per_expert else None
         stats.update(rule.error_stats(a, t, labels, prefix=f"{prefix}{g}."))
         a64, t64 = a.detach().to(torch.float64), t.detach().to(torch.float64)
         tt = float(t64 @ t64)

@@ -8,8 +8,9 @@ the fp64 run's own trajectory — each of its steps starts from its own weights,
 at step t the bf16 run's distance to it is what K steps of bf16 arithmetic accumulate, not one step's rounding.
 
 After every step rank 0 compares, with the rule's per-group statistics (`rule.error_stats`), the step's forward
-output (`output.*`), the main gradients after the reduce and before clipping (`grad.router.*`, `grad.experts.*`, each
-expert too) and the fp32 main weights after the step (`weights.router.*`, `weights.experts.*`) with the truth's;
+output (`output.all`), the main gradients after the reduce and before clipping (`grad.router.all`, `grad.experts.all`)
+and the fp32 main weights after the step (`weights.router.all`, `weights.experts.all`) with the truth's, each tensor
+whole (one step's gradients are compared expert by expert in `gradients`);
 and records both losses and gradient norms. Whether a run stays inside the band the other correct runs span, step by
 step, is the findings' (`gradients_findings`), from records only.
 """
@@ -86,7 +87,8 @@ def engine_trajectory(payload: dict) -> dict:
                 ts = _g.whole_state([e["truth"][fam] for e in every], gated)
                 groups = (("output",) if fam == "grad" else ()) + ("router", "experts")
                 for g in groups:  # the output keeps its own name; the tensors their family's
-                    c = _g.compare_state(rs, ts, (g,), cfg.seed, prefix="" if g == "output" else f"{fam}.")
+                    c = _g.compare_state(rs, ts, (g,), cfg.seed, prefix="" if g == "output" else f"{fam}.",
+                                         per_expert=False)
                     for k in one:
                         one[k].update(c[k])
             losses = sorted({s: (lr_, lt) for s, lr_, lt in (e["loss"] for e in every)}.items())
@@ -104,8 +106,8 @@ def engine_trajectory(payload: dict) -> dict:
 @dataclass(frozen=True)
 class TrajectoryRecord(Body):
     """One run's K steps against the fp64 trajectory: per step (1..K, in order) the rule's statistics per group
-    (`output.*`, `grad.router.*`, `grad.experts.*`, `weights.router.*`, `weights.experts.*`; experts also per global
-    expert), the least-squares scale against the truth, the run's fingerprints, the truth's norms and projections,
+    (`output.all`, `grad.router.all`, `grad.experts.all`, `weights.router.all`, `weights.experts.all`: each tensor
+    whole), the least-squares scale against the truth, the run's fingerprints, the truth's norms and projections,
     and both global losses and gradient norms."""
 
     dp: int
