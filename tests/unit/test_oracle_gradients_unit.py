@@ -23,6 +23,9 @@ TRAJECTORY_SETTINGS = settings(SETTINGS, max_examples=max(SETTINGS.max_examples 
 SIZES = {"input": 64, "router": 32, "experts": 96}
 EXPERTS = 4
 LAYOUTS = ("ep1", "ep2", "ep4", "tp2,ep2,sp", "tp2,ep1,sp", "tp2,ep2,etp1,sp")
+NOISES = (1.0, 1.01, 0.98, 1.02, 0.99, 1.015)
+"""The story's correct runs: errors of one shape, each run's a little larger or smaller (distinct computations whose
+statistics lie close together, as the cluster's layouts do)."""
 HEADER = {"megatron_core": "0.16.1", "dispatcher": "allgather", "device": "cpu", "world": 4, "backend": "gloo",
           "config": {"hidden": 32, "num_experts": 8, "topk": 2, "ffn_hidden": 64, "seq_len": 128, "dtype": "bf16"},
           "tokens": 16, "available": True}
@@ -94,7 +97,7 @@ def _card(fs, experiment):
 
 
 def _story(**bug):
-    recs = [grad_record(s, s, seed=i) for i, s in enumerate(LAYOUTS[:4])]
+    recs = [grad_record(s, s, seed=i, noise=NOISES[i]) for i, s in enumerate(LAYOUTS[:4])]
     recs.append(grad_record("ep2 + planted expert_dp", "ep2", mistake="expert_dp", factor=2.0, seed=9, **bug))
     return recs
 
@@ -139,7 +142,7 @@ def test_a_correct_layout_far_from_the_truth_is_named():
 
 
 def test_fp64_truths_and_reruns():
-    recs = _story() + [grad_record("ep4 run 1", "ep4", run=1, seed=2)]
+    recs = _story() + [grad_record("ep4 run 1", "ep4", run=1, seed=2, noise=NOISES[2])]
     fs = gf.findings(recs)
     (truth,) = [f for f in fs if f.question == gf.Q_TRUTH]
     assert truth.status == PASS and "within fp64 rounding" in truth.claim
@@ -191,27 +194,26 @@ def test_gradient_words_follow_the_rule_on_the_records(runs):
     for n, r in by.items():
         vs = [verdicts[p][n] for p in gf.GRADIENT_PARTS]
         claim = words[n].claim
-        if not all(v.judged for v in vs):
-            assert words[n].status == NA and "not judged" in claim
-            continue
-        ok = all(v.in_band for v in vs)
-        assert words[n].status == (PASS if ok else FAIL), claim
-        assert ("not explained by rounding" in claim) == (not ok), claim
+        judged = [v for v in vs if v.judged]
+        out = any(not v.in_band for v in judged)
+        # a departure measured in one part is a departure; otherwise a part without a band leaves the run unjudged
+        expect = FAIL if out else NA if len(judged) < len(vs) else PASS
+        assert words[n].status == expect, claim
+        assert ("not explained by rounding" in claim) == out, claim
+        assert ("not judged" in claim) == (len(judged) < len(vs)), claim
         for p, v in zip(gf.GRADIENT_PARTS, vs):
-            if not v.in_band:
+            if v.judged and not v.in_band:
                 assert f"{p}: not explained by rounding — first departs at {v.first.words()}" in claim
-        n_in[gf.planted(r)] += ok
+        n_in[gf.planted(r)] += expect == PASS
     card = _card(fs, gf.GRADIENTS)
-    judged_good = [n for n in good if all(verdicts[p][n].judged for p in gf.GRADIENT_PARTS)]
-    if judged_good:
-        assert f"{n_in[False]} of {len(good)} correct run(s) inside" in card.claim, card.claim
+    assert f"{n_in[False]} of {len(good)} correct run(s) inside" in card.claim, card.claim
 
 
 # ---------------------------------------------------------------------------------------------- K steps
 
 
 def _trajectory_story(K=4, bug=None, odd=None):
-    recs = [traj_record(s, s, [(1.0, 1.0)] * K, seed=i) for i, s in enumerate(LAYOUTS[:4])]
+    recs = [traj_record(s, s, [(NOISES[i], 1.0)] * K, seed=i) for i, s in enumerate(LAYOUTS[:4])]
     recs.append(traj_record("ep2 + planted expert_dp", "ep2", bug or [(1.0, 2.0)] * K, mistake="expert_dp", seed=9))
     if odd:
         recs[1] = traj_record("ep2", "ep2", odd, seed=1)
@@ -252,11 +254,10 @@ def test_trajectory_words_follow_the_rule_step_by_step(runs):
     words = _by_run(fs, gf.Q_TRAIN)
     for n in by:
         claim = words[n].claim
-        if not all(per_step[t][p][n].judged for t in range(3) for p in gf.TRAJECTORY_PARTS):
-            assert words[n].status == NA
-            continue
         out = [t + 1 for t in range(3) if not all(per_step[t][p][n].in_band for p in gf.TRAJECTORY_PARTS)]
-        if out:
+        if not out and not all(per_step[t][p][n].judged for t in range(3) for p in gf.TRAJECTORY_PARTS):
+            assert words[n].status == NA and "not judged" in claim, claim
+        elif out:
             assert words[n].status == FAIL and f"leaves the band at step {out[0]} of 3" in claim, claim
         else:
             assert words[n].status == PASS and "at every one of its 3 steps" in claim, claim

@@ -33,6 +33,7 @@ GRADIENT_PARTS = {"input gradient": ("input.",), "weight gradients": ("router.",
 TRAJECTORY_PARTS = {"weights": ("weights.router.all", "weights.experts.all"),
                     "gradients": ("grad.router.all", "grad.experts.all")}
 """What a training step's verdict judges: the weights the step leaves and the gradient it took, each tensor whole."""
+UNJUDGED = "not judged (fewer than two distinct known-correct computations besides it: bitwise reruns count once)"
 FP64_AGREE = 1e-12
 """fp64 truths of two layouts must agree to this relative distance (their projections): sums in another order move
 an fp64 value by a few of its ULPs (2.2e-16 each), a bf16 ULP is 2**-8 relative — nine orders of magnitude apart."""
@@ -121,7 +122,7 @@ def _gradients(sub: list[dict]) -> list[Finding]:
         for part, pre in GRADIENT_PARTS.items():
             v = verdicts[part][n]
             if not v.judged:
-                parts.append(f"{part}: not judged (fewer than two known-correct runs besides it)")
+                parts.append(f"{part}: {UNJUDGED}")
                 ok = None if ok is not False else ok
                 continue
             if v.in_band:
@@ -264,8 +265,8 @@ def _trajectory(sub: list[dict]) -> list[Finding]:
         loss = [_rel(s["loss"], s["loss_truth"]) for s in r["steps_compared"][:K]]
         ctx = (f"over the {K} steps: loss within {max(loss):.2g} of the truth's (relative), gradient norm "
                f"×{min(norm):.4g}–×{max(norm):.4g} the truth's" if K and norm else "")
-        if not judged:
-            status, head = NA, "not judged (fewer than two known-correct runs besides it)"
+        if not steps_out and not judged:  # a departure measured at some step stands; else no band, no verdict
+            status, head = NA, UNJUDGED
         elif not steps_out:
             status, head = PASS, f"inside the band of the other correct runs at every one of its {K} steps"
         else:
@@ -284,7 +285,7 @@ def _trajectory(sub: list[dict]) -> list[Finding]:
         claim = f"{n} ({role}): {head}"
         out.append(Finding(TRAJECTORY, Q_TRAIN, {**subj, "run": n}, status, claim,
                            Evidence(records=case_keys([r]), notes=[ctx] if ctx else []), commits=commits_of([r])))
-        story.append((n, planted(r), None if not judged else not steps_out))
+        story.append((n, planted(r), False if steps_out else None if not judged else True))
     out.append(_summary(TRAJECTORY, Q_TRAIN, sub, subj, story, f"{K} training steps (weights and gradients, per step)"))
     out += _truths(TRAJECTORY, sub, subj,
                    lambda r: [(f"step {t + 1} {g}", s["truth_sketch"][g], s["truth_norm"][g])
