@@ -43,9 +43,10 @@ SCALE_EXPONENT = 12
 
 def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, ...] = ("allgather", "alltoall"),
          faults: tuple[str, ...] = tuple(FAULTS), trials: int = 2, reference: str = "ep1",
-         release: str = "installed") -> Case:
+         truth_layouts: tuple[str, ...] | None = None, release: str = "installed") -> Case:
     """The oracle of `base`: every dispatcher x layout of `layouts` `trials` times, every dispatcher x fault of
-    `faults` once, against the fp64 truth of `reference`'s weights (`base.dispatcher`'s layer)."""
+    `faults` once, against the fp64 truth of `reference`'s weights (`base.dispatcher`'s layer); the fp64 truth of
+    each of `truth_layouts` (default: every layout) against the reference's."""
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         raise ValueError(f"faults {unknown} unknown; the faults are {', '.join(FAULTS)}")
@@ -55,7 +56,8 @@ def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, .
         Layout.parse(spec)
     return Case(experiment=NAME, moe=base, kind="oracle", release=release,
                 knobs=dict(layouts=list(layouts), dispatchers=list(dispatchers), faults=list(faults), trials=trials,
-                           reference=reference, fault_layouts={f: FAULTS[f] for f in faults}),
+                           reference=reference, fault_layouts={f: FAULTS[f] for f in faults},
+                           **({} if truth_layouts is None else {"truth_layouts": list(truth_layouts)})),
                 label=f"{'/'.join(dispatchers)} x {len(layouts)} layouts x {trials}, {len(faults)} faults vs fp64")
 
 
@@ -75,7 +77,7 @@ def cases(config: RunConfig) -> list[Case]:
             raise ValueError(f"oracle layout {spec!r} on {world} ranks: {e}") from None
     return [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
                  dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=p.runs(config.run.trials),
-                 reference=p.reference, release=config.release)]
+                 reference=p.reference, truth_layouts=p.truth_layouts or None, release=config.release)]
 
 
 # ---------------------------------------------------------------------------------------------- engine side
@@ -194,6 +196,9 @@ def _measure(stages: dict, truth: dict, k: int) -> dict:
 
     from . import rule
 
+    # measured on the host: numpy's quantiles, and a GPU's memory left to the layers
+    stages = {k: v.detach().cpu() for k, v in stages.items()}
+    truth = {k: v.detach().cpu() for k, v in truth.items()}
     t_map, r_map = truth["router.routing_map"].bool(), stages["router.routing_map"].bool()
     tokens = t_map.shape[0]
     flipped = (t_map != r_map).any(dim=1)
@@ -228,6 +233,7 @@ def on_engine(payload: dict) -> dict:
     import torch
 
     from ...engine import toolkit
+    from ...engine.dist import STATE
 
     kn, moe = payload["knobs"], payload["moe"]
     rank0 = toolkit.tdist.get_rank() == 0
@@ -236,7 +242,7 @@ def on_engine(payload: dict) -> dict:
     runs: list[dict] = []
     outs: dict[str, torch.Tensor] = {}
     dispatchers = kn.get("dispatchers") or [moe["dispatcher"]]
-    for spec in kn["layouts"]:
+    for spec in kn.get("truth_layouts", kn["layouts"]):
         other = _truth(moe, spec)
         if rank0:
             d = (other["out"] - truth["out"]).abs()
@@ -244,6 +250,9 @@ def on_engine(payload: dict) -> dict:
                                   "max_rel": float((d / truth["out"].abs().clamp_min(1e-300)).max()),
                                   "routing_equal": bool(torch.equal(other["router.routing_map"],
                                                                     truth["router.routing_map"]))}
+    truths = STATE.get("oracle_truths", {})
+    for key in [k for k in truths if k != repr((sorted(moe.items()), kn["reference"]))]:
+        truths.pop(key)  # only the reference's truth is needed from here on
     for d, spec in itertools.product(dispatchers, kn["layouts"]):
         for t in range(kn["trials"]):
             stages, _ = _run({**moe, "dispatcher": d}, spec, None)

@@ -25,6 +25,10 @@ class OracleParams(Section):
     """The layout whose bf16 weights and tokens, upcast to fp64, are the truth."""
     faults: tuple[str, ...] = FAULT_NAMES
     """Planted faults, each on one layout only (empty: none)."""
+    truth_layouts: tuple[str, ...] = ()
+    """Layouts whose own fp64 truth (their bf16 weights upcast) is compared with the reference's, to show the truth
+    does not depend on the layout; empty: every layout. An fp64 layer takes four times a bf16 one's memory per
+    rank: on one GPU shared by four ranks the seed layer's fp64 fits only split over EP."""
     trials: int = 0
     """Runs of each layout on each dispatcher (the reruns); 0: the profile's `trials`. Each run's error statistics
     are measured over every element (the seed layer's 4M output elements take seconds a run on the host's CPU)."""
@@ -41,6 +45,13 @@ class OracleParams(Section):
                 Layout.parse(spec)
             except ValueError as e:
                 raise ValueError(f"oracle.layouts entry {spec!r}: {e}") from None
+        if self.truth_layouts in ([], ()):
+            object.__setattr__(self, "truth_layouts", ())
+        else:
+            tuple_of(self, "truth_layouts", str)
+            if self.reference not in self.truth_layouts or not set(self.truth_layouts) <= set(self.layouts):
+                raise ValueError(f"oracle.truth_layouts ({list(self.truth_layouts)!r}) must be layouts of "
+                                 f"oracle.layouts and hold the reference {self.reference!r}")
         if self.reference not in self.layouts:
             raise ValueError(f"oracle.reference ({self.reference!r}) must be one of oracle.layouts {list(self.layouts)}")
         from ...config import MAX_REPEATS, check_count
