@@ -134,7 +134,7 @@ def _gradients(sub: list[dict]) -> list[Finding]:
                 parts.append(f"{part}: {_departure(v, r.get('scale') or {})}")
         status = NA if ok is None else PASS if ok else FAIL
         norm = (f"gradient norm {_fmt(r['grad_norm'])} vs the truth's {_fmt(r['grad_norm_truth'])} "
-                f"(×{r['grad_norm'] / r['grad_norm_truth']:.3g})" if r.get("grad_norm_truth") else "")
+                f"(×{r['grad_norm'] / r['grad_norm_truth']:.4g})" if r.get("grad_norm_truth") else "")
         role = "planted bug" if planted(r) else "correct run"
         claim = f"{n} ({role}, dp {r['dp']}, expert dp {r['expert_dp']}): " + "; ".join(parts)
         out.append(Finding(GRADIENTS, Q_GRAD, {**subj, "run": n}, status, claim,
