@@ -168,3 +168,43 @@ def train06(ep, run=0, *, setting="plain", det=True, layers=1, part_at=None, how
                                         weights_fp=fps, weights_norm=[math.sqrt(16.0)] * (steps + 1),
                                         weights_sketch=sketch, weights_tensors=17, routing=routing, topk=k, shares=4),
                    **kw)
+
+
+def rec08(d="allgather", *, layout_bias: float = 0.0, swap_ulps: float = 40.0, seed: int = 0, **kw):
+    """A notebook-08 record from constructed outputs: three layouts (two runs each) as bf16 roundings of a truth with
+    their own rounding noise, one layout shifted by `layout_bias` ULP on a quarter of its elements, and a planted
+    swap_experts `swap_ulps` ULP off on the same quarter; statistics and gaps by the rule itself."""
+    import numpy as np
+
+    from moe_lab.questions.oracle import rule
+    from moe_lab.questions.oracle.record import OracleRecord
+
+    rng = np.random.default_rng(seed)
+    truth = rng.uniform(0.5, 1.9, 4096)
+    ulp = rule.bf16_ulp(truth)
+    quarter = np.arange(truth.size) < truth.size // 4
+
+    def run(noise_seed, shift=0.0):
+        r = np.random.default_rng(noise_seed)
+        return rule.round_bf16(truth + (r.normal(0, 0.4, truth.size) + shift * quarter) * ulp)
+
+    outs = {}
+    for i, lay in enumerate(("ep1", "ep4", "tp2,ep2")):
+        out = run(i, layout_bias if lay == "tp2,ep2" else 0.0)
+        outs[(lay, None, 1)], outs[(lay, None, 2)] = out, out
+    outs[("ep4", "swap_experts", 1)] = run(1, swap_ulps)
+    label = {k: f"{d} {k[0]} + {k[1]}" if k[1] else f"{d} {k[0]} run {k[2]}" for k in outs}
+    runs = [{"label": label[k], "dispatcher": d, "layout": k[0], "fault": k[1], "trial": k[2],
+             "stats": {**rule.error_stats(rule.round_bf16(truth[:64]), truth[:64], prefix="router.logits/"),
+                       **rule.error_stats(v, truth, prefix="out/")},
+             "flips": {"tokens": 32, "flipped": 0, "flipped_margin_ulp": [], "flipped_topk": {},
+                       "margin_ulp_quantiles": {"min": 0.5, "p1": 1.0, "median": 90.0}, "margin_ulp_below": {}}}
+            for k, v in outs.items()]
+    ref = label[("ep1", None, 1)]
+    pairs = [{"a": ref, "b": label[k], **rule.pair_gap(outs[("ep1", None, 1)], v).asdict()}
+             for k, v in outs.items() if label[k] != ref]
+    return _record(dict(notebook="08", kind="oracle", experiment="oracle", case_key=f"08/{d}", dispatcher=d),
+                   OracleRecord(reference="ep1", layouts=["ep1", "ep4", "tp2,ep2"], dispatchers=[d],
+                                faults=["swap_experts"], trials=2, runs=runs, pairs=pairs,
+                                fp64_layouts={"ep1": {"max_abs": 0.0, "max_rel": 0.0, "routing_equal": True}},
+                                truth={"layout": "ep1", "elements": 4096}), **kw)

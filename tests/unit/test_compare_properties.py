@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from records_factory import ENV, back05, case02, case04, cell, cmp, kernel04, lay01, preset07, rec01, train06
+from records_factory import (ENV, back05, case02, case04, cell, cmp, kernel04, lay01, preset07, rec01, rec08,
+                             train06)
 
 from moe_lab import questions
 from moe_lab.reporting import compare
@@ -69,6 +70,8 @@ def question_records(draw, number: str) -> list[dict]:
     if number == "07":
         return [preset07("qwen3-30b-a3b", d, r, det=det, cross=draw(st.sampled_from([0, 300])))
                 for r, det in (("none", False), ("fp32", False))]
+    if number == "08":
+        return [rec08(d, layout_bias=draw(st.sampled_from([0.0, 3.0])), swap_ulps=draw(st.sampled_from([0.0, 40.0])))]
     if number == "09":
         return [rec09(n, d, draw(comparison()), draw(comparison())) for n in (64, 128)]
     raise AssertionError(f"question {number} has a compare module but no records here: add its builder")
