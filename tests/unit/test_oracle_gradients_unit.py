@@ -320,3 +320,25 @@ def test_figures_draw_the_records_and_say_their_numbers():
         assert _palette_or_grey(t) == ["#ff00ff"]
     finally:
         plt.close("all")
+
+
+def test_params_are_read_where_the_profile_holds_them():
+    """The registered class's, an `oracle.training` object of the oracle's parameters, or the defaults."""
+    from types import SimpleNamespace
+
+    from moe_lab.questions.oracle.gradients import params_of
+
+    class Oracle(SimpleNamespace):
+        KEY = "oracle"
+
+    def config(*sections):
+        def params(cls):
+            raise KeyError(cls.__name__)
+        return SimpleNamespace(params=params, questions={type(s): s for s in sections})
+
+    assert params_of(config()) == OracleTrainingParams()
+    assert params_of(config(Oracle(training={"steps": 3}))).steps == 3
+    typed = OracleTrainingParams(steps=2)
+    assert params_of(config(Oracle(training=typed))) is typed
+    with pytest.raises(ValueError, match="oracle.training"):  # the control: a bad value is refused by name
+        params_of(config(Oracle(training={"steps": 0})))

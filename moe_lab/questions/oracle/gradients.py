@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ...run_config import RunConfig
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from ...experiments import protocol
 from ...experiments.protocol import Case
@@ -43,8 +44,8 @@ GROUPS = ("input", "output", "router", "experts")
 
 
 def params_of(config: RunConfig) -> OracleTrainingParams:
-    """The section's parameters: the registered class's, or the oracle question's `training` field where its
-    parameters carry one, else the defaults (the profile has no such object yet)."""
+    """The section's parameters: the registered class's, or a question's parameters' `training` field holding them
+    (an `OracleTrainingParams`, or the profile's JSON object for one), else the defaults."""
     try:
         return config.params(OracleTrainingParams)
     except KeyError:
@@ -53,6 +54,8 @@ def params_of(config: RunConfig) -> OracleTrainingParams:
         t = getattr(p, "training", None)
         if isinstance(t, OracleTrainingParams):
             return t
+        if isinstance(t, Mapping) and getattr(p, "KEY", "") == "oracle":
+            return OracleTrainingParams.from_dict(dict(t), "oracle.training")
     return OracleTrainingParams()
 
 
