@@ -123,6 +123,9 @@ def _truth(moe: dict, spec: str):
     if key not in cache:
         if len(cache) > 8:
             cache.clear()
+        if STATE.get("device") == "cuda":  # an fp64 copy takes four times a bf16 layer: other cached layers go first
+            STATE.get("layers", {}).clear()
+            torch.cuda.empty_cache()
         s = toolkit.setup(moe, Layout.parse(spec))
         twin = _fp64_twin(s.layer, s.cfg, s.layout)
         cache[key] = _capture(twin, s.tokens.to(torch.float64), s.cfg)
