@@ -3,10 +3,12 @@ x layout (`trials` times: reruns), under each planted fault (one layout each), a
 reference layout's bf16 weights and tokens upcast, so only the arithmetic differs. Rank 0 measures every run's error
 to the truth per stage (router.logits, router.probs on the truth's routed entries, the output, and the output of
 each expert's tokens by the truth's routing), the tokens whose top-k set differs from the truth's with their margin,
-and the gap between every two runs' outputs (`rule.pair_gap`). The verdicts are the findings' (`rule.judge_runs`).
+and the gap between the pairs of outputs a reader compares (`_pairs`, `rule.pair_gap`). The verdicts are the
+findings' (`rule.judge_runs`).
 
-The fp64 truth is also computed under every layout, each from that layout's own bf16 weights upcast: its distance to
-the reference layout's truth says the truth does not depend on the layout (only then is one truth the truth of all).
+The fp64 truth is also computed under each layout of `truth_layouts` (default: every layout), each from that layout's
+own bf16 weights upcast: its distance to the reference layout's truth says the truth does not depend on the layout
+(only then is one truth the truth of all).
 
 Planted faults (`FAULTS`), each a bug a sharding mistake makes, each on one layout only:
 - swap_experts: EP rank 0's two first local experts hold each other's weights (an expert index mapped wrong);

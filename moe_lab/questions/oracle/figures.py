@@ -9,7 +9,6 @@ import pandas as pd
 
 from ...reporting.plots import TEXT_PT, colours, describe, message
 from . import findings as found
-from . import rule
 
 STATISTICS = {"median": "median |error|", "p999": "p99.9 |error|"}
 KINDS = ("layout (known-correct)", "planted fault: out of band", "planted fault: within band")
@@ -72,4 +71,4 @@ def error_by_run(records: list[dict]):
     return fig
 
 
-__all__ = ["error_by_run", "frame", "rule"]
+__all__ = ["error_by_run", "frame"]

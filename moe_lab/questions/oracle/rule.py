@@ -18,7 +18,10 @@ run of C (its band is the others'). A run is out of band where
 
 (noise: the largest split-half noise of that statistic among the run and the band's runs), and its bias is out of
 band where the mean signed error is farther than 4 standard errors outside [lo - w, hi + w] of C's means (w = hi -
-lo) and itself more than 4 standard errors from zero. A run out of band anywhere is "not explained by rounding"
+lo) and itself more than 4 standard errors from zero. A token whose top-k set differs from the truth's is out of
+band where its margin (k-th minus (k+1)-th router score of the truth, in ULP) exceeds twice the band's limit on the
+max |error| of the router scores (`flip_limit`). A band needs two distinct computations (bitwise reruns are one);
+with fewer, the run is not judged. A run out of band anywhere is "not explained by rounding"
 (naming the first group in the order the statistics were given — stages first to last —, the statistic, its value
 and the band). A pair of in-band runs is "expected", with the tolerance the pair needs (`pair_gap`).
 
