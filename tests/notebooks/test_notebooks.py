@@ -449,3 +449,28 @@ def test_07_answers_for_each_scaled_preset(cpu_report):
     rows = found.rows(recs)
     assert {(r["model"], r["dispatcher"]) for r in rows} == {(m, d) for m in models for d in ("allgather", "alltoall")}
     assert all(r["first divergent stage"].startswith("combine.comm") for r in rows if r["dispatcher"] == "allgather")
+
+
+def test_08_layouts_expected_and_the_planted_sharding_bugs_caught(cpu_report):
+    """Notebook 08 on the tier's layer: one record with every dispatcher x layout of the profile's oracle section
+    against the fp64 truth; every layout within the band on each dispatcher (PASS) and each planted sharding bug
+    out of it, the scale below rounding said as such."""
+    from moe_lab.findings.model import PASS
+    from moe_lab.questions.oracle import findings as found
+
+    P = tier()
+    op = P.question("oracle")
+    recs = [r for r in cpu_report["results"] if r.get("notebook") == "08" and r.get("kind") == "oracle"]
+    assert len(recs) == 1 and recs[0]["dispatchers"] == list(P.run.dispatchers)
+    rec = recs[0]
+    assert len([r for r in rec["runs"] if not r["fault"]]) == (
+        len(op.layouts) * len(P.run.dispatchers) * op.runs(P.run.trials))
+    verdicts = found.judged(rec)
+    for r in rec["runs"]:
+        if r["fault"] != "scale_expert":  # planted below rounding: said either way, asserted in neither
+            caught = not verdicts[r["label"]].in_band
+            assert caught == (r["fault"] in ("swap_experts", "capacity_drop", "etp_shard")), r["label"]
+    cards = [f for f in found.findings(recs) if f.question == found.QUESTION]
+    assert [f.status for f in cards] == [PASS] * len(P.run.dispatchers)
+    assert all("below what rounding lets the oracle see" in f.claim or "seen although planted below rounding"
+               in f.claim for f in cards)
