@@ -24,11 +24,17 @@ def carrying(rec: dict, key: str) -> int:
     """The elements of comparison `key` that carry a gradient (the denominator of its mismatch fraction)."""
     c = rec[key]
     numel = int(c["numel"])
-    if key in FULL_SEQUENCE_GRADS:
-        seq, cut = (rec.get("config") or {}).get("seq_len"), rec.get("cut")
-        if seq and cut and numel % seq == 0:
-            return numel // seq * min(cut, seq)
+    if key in FULL_SEQUENCE_GRADS and _loss_tokens_known(rec, key):
+        seq, cut = rec["config"]["seq_len"], rec["cut"]
+        return numel // seq * min(cut, seq)
     return numel
+
+
+def _loss_tokens_known(rec: dict, key: str) -> bool:
+    """Whether the record says which of a whole-sequence comparison's elements are the loss's tokens (its layer's
+    length and cut); a record without them is counted over every element, and worded so."""
+    seq, cut = (rec.get("config") or {}).get("seq_len"), rec.get("cut")
+    return bool(seq and cut and int(rec[key]["numel"]) % seq == 0)
 
 
 def frac(rec: dict, key: str) -> float:
@@ -40,8 +46,10 @@ def frac(rec: dict, key: str) -> float:
     return c["n_mismatch"] / n if n else 0.0
 
 
-def _what(key: str) -> str:
+def _what(key: str, rec: dict | None = None) -> str:
     if key.endswith(("_dx", "_grad")) and "router" not in key:
+        if rec is not None and key in FULL_SEQUENCE_GRADS and not _loss_tokens_known(rec, key):
+            return "input-gradient elements (every token: the record holds no layer length and cut)"
         return "input-gradient elements of the loss's tokens"
     if "router" in key:
         return "router weight-gradient elements"
@@ -69,7 +77,7 @@ def fails(r: dict, keys) -> list[str]:
         if _ok(r[k]):
             continue
         kk, n = trials(r[k])
-        out.append(f"{k.replace('_', ' ')}: {count(r[k], _what(k), carrying(r, k)).text()} in {kk}/{n} trials")
+        out.append(f"{k.replace('_', ' ')}: {count(r[k], _what(k, r), carrying(r, k)).text()} in {kk}/{n} trials")
     return out
 
 
@@ -109,7 +117,7 @@ def _backward(sub: list[dict]) -> list[Finding]:
                  if plain.get("backward_first_divergent") else []) + \
                 ([f"the backward's reductions: {', '.join(led)}"] if led else [])
         ev = Evidence(records=case_keys([plain]), notes=notes,
-                      counts=[count(plain[k], _what(k), carrying(plain, k)) for k in GRAD_CMPS if not _ok(plain[k])])
+                      counts=[count(plain[k], _what(k, plain), carrying(plain, k)) for k in GRAD_CMPS if not _ok(plain[k])])
         bad = [k.replace("_", " ") for k in GRAD_CMPS if not _ok(plain[k])]
         out.append(Finding(EXPERIMENT, QUESTION, subj, PASS if not g else FAIL, claim, ev, card=True, commits=commits,
                            short=f"equal {_scope(plain)}" if not g else "differ: " + ", ".join(bad)))
@@ -160,7 +168,7 @@ def growth(rows: list[dict]) -> list[str]:
         first = next(i for i, f in enumerate(fr) if f)
         of = carrying(seq[-1], k)
         parts.append(f"{what} differ from {where} layer {seq[first]['layer']} on ({fr[first]:.3g} → {fr[-1]:.3g} of "
-                     f"{of:,} {_what(k)} {where} layer {seq[-1]['layer']})")
+                     f"{of:,} {_what(k, seq[-1])} {where} layer {seq[-1]['layer']})")
     return parts
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...params import Section, tuple_of
+from .gradients_params import OracleTrainingParams
 
 FAULT_NAMES = ("swap_experts", "capacity_drop", "etp_shard", "scale_expert")
 """The planted faults."""
@@ -29,12 +30,18 @@ class OracleParams(Section):
     """Layouts whose own fp64 truth (their bf16 weights upcast) is compared with the reference's, to show the truth
     does not depend on the layout; empty: every layout. An fp64 layer takes four times a bf16 one's memory per
     rank: on one GPU shared by four ranks the seed layer's fp64 fits only split over EP."""
+    training: OracleTrainingParams = field(default_factory=OracleTrainingParams)
+    """One step's gradients and the first K training steps against fp64 (`gradients_params`; the profile's
+    `"oracle": {"training": {...}}`)."""
     trials: int = 0
     """Runs of each layout on each dispatcher (the reruns); 0: the profile's `trials`. Each run's error statistics
     are measured over every element (the seed layer's 4M output elements take seconds a run on the host's CPU)."""
 
     def __post_init__(self):
         from ...layout import Layout
+
+        if not isinstance(self.training, OracleTrainingParams):
+            object.__setattr__(self, "training", OracleTrainingParams.from_dict(self.training, "oracle.training"))
 
         tuple_of(self, "layouts", str)
         if len(self.layouts) < 2:
@@ -69,6 +76,7 @@ class OracleParams(Section):
         """Each layout, and each fault's layout, splits the layer on the run's world."""
         from ...layout import Layout
 
+        self.training.check_world(config, ccfg)
         base = config.layer
         for spec in (*self.layouts, *(FAULT_LAYOUTS[f] for f in self.faults)):
             try:
