@@ -245,6 +245,33 @@ def test_bitwise_reruns_of_one_computation_are_no_band(reorderings):
     assert rule.judge_runs(stats, known_good=["x run 1", "x run 2", "z"])["y"].judged
 
 
+def test_a_group_every_band_run_computes_alike_is_left_unjudged_not_flagged(reorderings):
+    """Where the other correct runs are distinct computations of the whole but compute one group alike (e.g. a
+    tensor only the judged layout reduces in another order), that group's band has no measured width: it is listed
+    as unjudged, not flagged. The control: with a second computation of that group in the band it is judged, and a
+    run off by a bias there is caught."""
+    truth, runs = reorderings
+    rows_a, rows_b = slice(0, 128), slice(128, 256)
+
+    def mixed(for_a, for_b):  # rows 0-127 from one computation, 128-255 from another
+        out = for_a.clone()
+        out[rows_b] = for_b[rows_b]
+        return out
+
+    labels = np.repeat(np.array(["a"] * 128 + ["b"] * 128), truth.shape[1])  # per element, rows split in two
+    st = lambda t: rule.error_stats(t, truth, labels)  # noqa: E731 - groups 'all', 'a', 'b'
+    # band runs: group b from one computation (runs[0]) in each, group a from different ones
+    stats = {"p": st(mixed(runs[1], runs[0])), "q": st(mixed(runs[2], runs[0])),
+             "judged": st(mixed(runs[3], _plus_ulps(runs[0], truth, 0.3, rows_b)))}
+    v = rule.judge_runs(stats, known_good=["p", "q"])["judged"]
+    assert v.judged and "b" in v.unjudged_groups and not any(d.group == "b" for d in v.departures)
+    stats["r"] = st(runs[3])  # group b computed another way: b now has a measured band
+    v2 = rule.judge_runs(stats, known_good=["p", "q", "r"])["judged"]
+    assert "b" not in v2.unjudged_groups
+    stats["biased"] = st(mixed(runs[3], _plus_ulps(runs[0], truth, 3.0, rows_b)))
+    assert any(d.group in ("b", "all") for d in rule.judge_runs(stats, known_good=["p", "q", "r"])["biased"].departures)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--layouts", "ep1"], "at least two layouts"),
     (["--layouts", "ep1;ep3"], "layout 'ep3' on 4 ranks"),

@@ -39,6 +39,15 @@ FP64_AGREE = 1e-12
 an fp64 value by a few of its ULPs (2.2e-16 each), a bf16 ULP is 2**-8 relative — nine orders of magnitude apart."""
 
 
+def _alike_words(v) -> str:
+    """The groups a verdict left unjudged because every other correct run computed them alike."""
+    g = getattr(v, "unjudged_groups", ())
+    if not g:
+        return ""
+    shown = ", ".join(g[:4]) + (f" and {len(g) - 4} more" if len(g) > 4 else "")
+    return f"; not judged at {shown}: every other correct run computes {'it' if len(g) == 1 else 'them'} alike"
+
+
 def subject_of(rec: dict, **extra) -> dict:
     """A run's subject: its layer with the tokens of a step's global batch (not the profile's seq_len)."""
     cfg = rec.get("config") if isinstance(rec, dict) else None
@@ -128,7 +137,7 @@ def _gradients(sub: list[dict]) -> list[Finding]:
             if v.in_band:
                 first = f"{pre[0]}all"
                 parts.append(f"{part}: expected (inside the band of {len(v.band_runs)} known-correct run(s); "
-                             f"{_in_band_words(r['stats'], first)})")
+                             f"{_in_band_words(r['stats'], first)}){_alike_words(v)}")
             else:
                 ok = False
                 parts.append(f"{part}: {_departure(v, r.get('scale') or {})}")

@@ -21,7 +21,9 @@ band where the mean signed error is farther than 4 standard errors outside [lo -
 lo) and itself more than 4 standard errors from zero. A token whose top-k set differs from the truth's is out of
 band where its margin (k-th minus (k+1)-th router score of the truth, in ULP) exceeds twice the band's limit on the
 max |error| of the router scores (`flip_limit`). A band needs two distinct computations (bitwise reruns are one);
-with fewer, the run is not judged. A run out of band anywhere is "not explained by rounding"
+with fewer, the run is not judged — and so is each group whose band runs all computed it alike (equal statistics:
+one computation of that group, e.g. a tensor that only the judged layout reduces in another order), which its verdict
+lists (`unjudged_groups`). A run out of band anywhere is "not explained by rounding"
 (naming the first group in the order the statistics were given — stages first to last —, the statistic, its value
 and the band). A pair of in-band runs is "expected", with the tolerance the pair needs (`pair_gap`).
 
@@ -221,6 +223,9 @@ class RunVerdict:
     """The runs its bands came from (leave-one-out: not the run itself)."""
     judged: bool = True
     """False where there was no known-correct run to measure a band from (fewer than two: no spread)."""
+    unjudged_groups: tuple[str, ...] = ()
+    """Groups left unjudged because every known-correct run computed them alike (their statistics equal: one
+    computation, a band of no measured width), e.g. a tensor only one layout reduces in another order."""
 
     @property
     def first(self) -> Departure | None:
@@ -255,10 +260,13 @@ def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapp
     distinct = {repr(sorted((g, _fingerprint(v)) for g, v in band_stats[n].items())) for n in names}
     if len(names) < min_runs or len(distinct) < min_runs:
         return RunVerdict(run=run, in_band=True, band_runs=tuple(names), judged=False)
-    deps = []
+    deps, alike = [], []
     for g, s in stats.items():
         others = [band_stats[n][g] for n in names if g in band_stats[n]]
         if len(others) < min_runs or not s.get("n"):
+            continue
+        if len({_fingerprint(o) for o in others}) < min_runs:  # the band's runs are one computation of this group
+            alike.append(g)
             continue
         for st in ULP_STATISTICS:
             vals = [o[st] for o in others]
@@ -277,7 +285,8 @@ def judge_run(run: str, stats: Mapping[str, dict], band_stats: Mapping[str, Mapp
             deps.append(Departure(group=g, statistic=BIAS, value=float(m), band=b, sigmas=float(outside / se)))
         elif se == 0 and outside > 0 and m != 0:
             deps.append(Departure(group=g, statistic=BIAS, value=float(m), band=b, sigmas=float("inf")))
-    return RunVerdict(run=run, in_band=not deps, departures=tuple(deps), band_runs=tuple(names))
+    return RunVerdict(run=run, in_band=not deps, departures=tuple(deps), band_runs=tuple(names),
+                      unjudged_groups=tuple(alike))
 
 
 FLIP = "flip margin"
