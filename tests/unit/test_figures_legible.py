@@ -37,7 +37,7 @@ LOCAL = sorted(Path(p).parent for p in glob.glob(str(ROOT / "reports/cpu-*/resul
 """A full cpu report where this checkout has one (not in CI): the figures of a question no published report holds."""
 DRAWN_FROM = {("01", "layout_heatmap"): "layouts"}
 """The experiment whose records a figure draws, where it is not the question's first (as its notebook passes them)."""
-NOT_FIGURES = {("01", "pair_table"), ("01", "ulp_bins"), ("09", "frame"), ("06", "bitwise_twins")}
+NOT_FIGURES = {("01", "pair_table"), ("01", "ulp_bins"), ("09", "frame"), ("08", "frame"), ("06", "bitwise_twins")}
 """Functions of a figures module that take the records and return data, not a figure."""
 NBCONVERT_DEFAULT = "No description has been provided for this image"
 
