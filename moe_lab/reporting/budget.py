@@ -22,11 +22,12 @@ hidden 256, ffn 512; x[M, K] @ w[N, K].T). Small M is where the AVX2 loop is slo
 9x at M 1024 on the AVX2 EPYC: docs/bench.md), so the reference is the layer's own M, not a large one."""
 
 CALIBRATION = {
-    "machine": "2-core AMD EPYC with avx512_bf16, torch 2.13.0+cpu, 2026-12-04 (docs/bench.md, 'Sized for this CPU')",
-    "gemm_ms": (0.097, 1.09),
-    "start_s": 19.0,
-    "notebooks": {"01": (22.7, 37.4), "02": (9.6, 10.9), "03": (44.7, 70.3), "04": (21.5, 42.4),
-                  "05": (42.9, 239.9), "06": (38.2, 47.3), "07": (14.9, 24.7), "09": (6.9, 32.4)},
+    "machine": "2-core AMD EPYC with avx512_bf16, torch 2.13.0+cpu, 2026-12-04 21:33-21:46 UTC (docs/bench.md)",
+    "gemm_ms": (0.10, 1.09),
+    "start_s": 16.5,
+    "notebooks": {"01": (24.9, 32.1), "02": (10.4, 9.7), "03": (43.8, 66.7), "04": (23.6, 33.7),
+                  "05": (41.0, 221.8), "06": (37.6, 40.5), "07": (13.5, 18.7), "08": (32.3, 36.6),
+                  "09": (5.9, 9.6)},
 }
 """Two runs of the cpu profile on one machine: oneDNN's bf16 GEMM, and torch's own loop (MOE_LAB_NO_CPU_BF16=1,
 ATEN_CPU_CAPABILITY=avx2). `gemm_ms`: the reference GEMM's ms in each; `start_s`: the command's start and the
