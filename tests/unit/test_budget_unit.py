@@ -82,3 +82,20 @@ def test_run_all_refuses_a_bad_budget_before_anything_starts(bad, tmp_path):
     with pytest.raises(ValueError, match=r"budget .* must be a number of seconds >= 0"):
         runner.run_all(profile="cpu", out=str(tmp_path / "out"), budget=bad)
     assert not (tmp_path / "out").exists()
+
+
+def test_every_questions_cases_build_at_the_smallest_layer_the_sizing_cuts_to():
+    """A sized run hands its cuts to every notebook: each question's cases must take them (a case that kept a fixed
+    cut of 90 tokens against 32 would fail in the notebook); the control: the same cuts with the cut left at 90
+    are refused."""
+    from moe_lab import profiles
+    from moe_lab.questions import QUESTIONS
+
+    s = budget.size(1000.0, 1.0, LAYER, ["05"], budget_s=1, calibration=CAL)
+    config = profiles.load("cpu", s.overrides)
+    for q in QUESTIONS:
+        for m in q.run_modules():
+            cases = m.cases(config)
+            assert all(c.cut < c.moe.seq_len for c in cases), (q.number, m.__name__)
+    with pytest.raises(ValueError, match="cut"):
+        profiles.load("cpu", {k: v for k, v in s.overrides.items() if k != "cut"})

@@ -45,7 +45,7 @@ SCALE_EXPONENT = 12
 
 def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, ...] = ("allgather", "alltoall"),
          faults: tuple[str, ...] = tuple(FAULTS), trials: int = 2, reference: str = "ep1",
-         truth_layouts: tuple[str, ...] | None = None, release: str = "installed") -> Case:
+         truth_layouts: tuple[str, ...] | None = None, release: str = "installed", cut: int = 90) -> Case:
     """The oracle of `base`: every dispatcher x layout of `layouts` `trials` times, every dispatcher x fault of
     `faults` once, against the fp64 truth of `reference`'s weights (`base.dispatcher`'s layer); the fp64 truth of
     each of `truth_layouts` (default: every layout) against the reference's."""
@@ -56,7 +56,7 @@ def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, .
         raise ValueError(f"trials ({trials!r}) must be an integer >= 1")
     for spec in (*layouts, reference):
         Layout.parse(spec)
-    return Case(experiment=NAME, moe=base, kind="oracle", release=release,
+    return Case(experiment=NAME, moe=base, kind="oracle", release=release, cut=cut,
                 knobs=dict(layouts=list(layouts), dispatchers=list(dispatchers), faults=list(faults), trials=trials,
                            reference=reference, fault_layouts={f: FAULTS[f] for f in faults},
                            **({} if truth_layouts is None else {"truth_layouts": list(truth_layouts)})),
@@ -79,7 +79,8 @@ def cases(config: RunConfig) -> list[Case]:
             raise ValueError(f"oracle layout {spec!r} on {world} ranks: {e}") from None
     return [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
                  dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=p.runs(config.run.trials),
-                 reference=p.reference, truth_layouts=p.truth_layouts or None, release=config.release)]
+                 reference=p.reference, truth_layouts=p.truth_layouts or None, release=config.release,
+                 cut=config.run.cut)]
 
 
 # ---------------------------------------------------------------------------------------------- engine side

@@ -84,7 +84,7 @@ def cases(config: RunConfig, params: OracleTrainingParams | None = None, *, name
         if kind == "trajectory":
             knobs["steps"] = op.steps
         out.append(Case(experiment=name, kind=kind, moe=base, release=config.release, layout=lay,
-                        label=f"{kind}: {label}", knobs=knobs))
+                        cut=config.run.cut, label=f"{kind}: {label}", knobs=knobs))
     return out
 
 

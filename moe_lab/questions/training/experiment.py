@@ -108,6 +108,7 @@ def cases(config: RunConfig, *, precision: str = "bf16", mistake: str = "none") 
                                  and tp.cost_rounds > 0)
                         out.append(Case(
                             experiment=NAME, kind="train", moe=base.replace(deterministic=det, **changes),
+                            cut=config.run.cut,
                             release=release, layout=lay, deterministic_env=det,
                             label=f"{name}, {layers} layer(s), {lay.spec()}, {'det' if det else 'nondet'}, run {run}",
                             knobs={**common, "setting": name, "remedy": remedy, "layers": layers, "run": run,
@@ -135,7 +136,7 @@ def replay_cases(config: RunConfig, records: list[dict]) -> list[Case]:
     out = []
     for lay in lays[1:]:
         out.append(Case(experiment=NAME, kind="train", moe=base.moe, release=base.release, layout=lay,
-                        deterministic_env=base.deterministic_env,
+                        cut=base.cut, deterministic_env=base.deterministic_env,
                         label=base.label.replace(f", {lays[0].spec()},", f", {lay.spec()},"),
                         knobs={**base.knobs, "replay": [[s["topk"] for s in per] for per in ref["routing"]],
                                "replay_of": ref["case_key"]}))
