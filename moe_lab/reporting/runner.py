@@ -367,6 +367,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
             if sizing.overrides:
                 overrides = {**(overrides or {}), **sizing.overrides}
                 config = profiles.load(profile, overrides)
+                meta["parameters"] = json.dumps(config.public())  # the index shows the layer that ran
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
         try:
