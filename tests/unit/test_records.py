@@ -76,7 +76,8 @@ def test_every_committed_record_upgrades_and_every_comparison_parses(path):
             flat = {k: u[k] for k in ("numel", "n_mismatch", "mismatch_frac", "bitwise_equal", "max_ulp", "max_abs")
                     if k in u}
             assert isinstance(Comparison.from_dict(flat), Comparison)
-    assert n_cmp or not raw or all(r.get("notebook") in ("02", "06") for r in raw)
+    # 02's stages, 06's training runs and 08's error statistics against fp64 hold no Comparison of their own
+    assert n_cmp or not raw or all(r.get("notebook") in ("02", "06", "08") for r in raw)
 
 
 @pytest.mark.parametrize("path", REPORTS[:3], ids=lambda p: str(p.relative_to(ROOT)))
