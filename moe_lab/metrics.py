@@ -25,35 +25,20 @@ class _Torch:
 torch = _Torch()
 
 
-class _Formats(dict):
-    """dtype → (integer view dtype, bits, mantissa bits incl. the implicit one), filled at first use."""
+@functools.lru_cache(maxsize=None)
+def _formats() -> dict:
+    """dtype → (integer view dtype, bits, mantissa bits incl. the implicit one); built at first use (torch's)."""
+    import torch as real
 
-    @functools.cached_property
-    def _filled(self) -> bool:
-        import torch as real
-
-        self.update({real.bfloat16: (real.int16, 16, 8), real.float16: (real.int16, 16, 11),
-                     real.float32: (real.int32, 32, 24), real.float64: (real.int64, 64, 53)})
-        return True
-
-    def __getitem__(self, k):
-        return self._filled and super().__getitem__(k)
-
-    def __contains__(self, k):
-        return self._filled and super().__contains__(k)
-
-    def __iter__(self):
-        return self._filled and super().__iter__()
-
-
-_FORMATS = _Formats()
+    return {real.bfloat16: (real.int16, 16, 8), real.float16: (real.int16, 16, 11),
+            real.float32: (real.int32, 32, 24), real.float64: (real.int64, 64, 53)}
 
 
 def _format(dtype: torch.dtype):
     try:
-        return _FORMATS[dtype]
+        return _formats()[dtype]
     except KeyError:
-        raise ValueError(f"dtype ({dtype}) must be one of {', '.join(map(str, _FORMATS))}") from None
+        raise ValueError(f"dtype ({dtype}) must be one of {', '.join(map(str, _formats()))}") from None
 
 
 def ordered_bits(x: torch.Tensor) -> torch.Tensor:
@@ -286,8 +271,8 @@ def _bit_view(x: torch.Tensor) -> torch.Tensor:
     """The tensor's bits as an integer tensor of the same shape and strides (no copy), one word per element unless
     int64 (two words): float formats as their int view, other floats (fp8 and friends) as same-size ints (bytes
     for one-byte types), complex as its real view, bool and integer values as they are (unsigned as signed)."""
-    if x.dtype in _FORMATS:
-        return x.view(_FORMATS[x.dtype][0])
+    if x.dtype in _formats():
+        return x.view(_formats()[x.dtype][0])
     if x.is_complex():
         return _bit_view(torch.view_as_real(x))
     if x.is_floating_point():

@@ -322,7 +322,7 @@ def test_compare_equals_measuring_every_element(dtype, frac):
             b[:8] = t([math.nan, math.inf, 1.0, -0.0, -0.0, 2.0, math.nan, -math.inf], dtype)
         if trial == 3:  # differing elements 1 ULP apart (assert_close holds on them) and the same NaN in both
             b = a.clone()  # elsewhere: assert_close must still fail, for the NaN alone
-            bits = b.view(metrics._FORMATS[dtype][0])
+            bits = b.view(metrics._formats()[dtype][0])
             bits[pick] += 1
             a[:8], b[:8] = t([math.nan] * 8, dtype), t([math.nan] * 8, dtype)
         x, y = (a.view(40, 100).t(), b.view(40, 100).t()) if trial == 4 else (a, b)
