@@ -97,6 +97,8 @@ class Cluster:
         way while the current one works."""
         import ipyparallel as ipp
 
+        from . import preloaded
+
         st = self.state
         if st.client is not None:
             return self
@@ -115,11 +117,18 @@ class Cluster:
             ipp_log = logging.getLogger("moe_lab.ipyparallel")
             if ipp_log.level == logging.NOTSET:
                 ipp_log.setLevel(logging.ERROR)
+            # Engines forked from a preload server (its imports made once, while the controller starts), where
+            # that applies; else each engine a process of its own.
+            server = preloaded.server_for(st, cfg)
+            if server is not None:
+                settings = dict(settings, engines=preloaded.PreloadedEngineSetLauncher)
             st.ipp = ipp.Cluster(n=cfg.engines, profile_dir=st.profile_dir, log=ipp_log,
                                  engine_timeout=int(cfg.start_timeout_s), delay=0.1,
                                  **heartbeat_settings(settings))
-            logger.info("starting %d %s engines (launcher %s)", cfg.engines, cfg.device, cfg.launcher)
-            st.ipp.start_cluster_sync(n=cfg.engines)
+            logger.info("starting %d %s engines (launcher %s%s)", cfg.engines, cfg.device, cfg.launcher,
+                        ", forked from a preload server" if server is not None else "")
+            st.ipp.start_controller_sync()
+            st.ipp.start_engines_sync(n=cfg.engines, **preloaded.engine_kwargs(st, cfg))
             st.client = st.ipp.connect_client_sync()
             st.spare = spares.spare(next(iter(st.ipp.engines), None), previous=set())
         except BaseException:
@@ -219,6 +228,10 @@ class Cluster:
                 st.ipp.stop_cluster_sync()
             except Exception as e:  # noqa: BLE001
                 logger.warning("stopping the ipyparallel cluster failed: %s", e)
+        if st.preload_servers:  # after their engines ended: a server reaps the engines it forked
+            from . import preloaded
+
+            preloaded.close_servers(st)
         if st.profile_dir:
             left = processes.kill_cluster_processes(st.profile_dir, exclude=(st.reaper.pid,) if st.reaper else ())
             if left:

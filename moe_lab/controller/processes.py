@@ -12,7 +12,19 @@ import time
 from pathlib import Path
 
 def is_engine(p) -> bool:
-    return any("ipyparallel.engine" in a for a in p.info.get("cmdline") or ())
+    """An ipyparallel engine: started as `python -m ipyparallel.engine`, or forked by a preload server (its command
+    line is the server's; it names itself ENGINE_NAME — the server itself is not an engine)."""
+    from ..engine.preload import ENGINE_NAME, MARK
+
+    cmd = p.info.get("cmdline") or ()
+    if any("ipyparallel.engine" in a for a in cmd):
+        return True
+    if not any(MARK in a for a in cmd):
+        return False
+    try:
+        return p.name() == ENGINE_NAME
+    except Exception:  # noqa: BLE001 - gone
+        return False
 
 def pid_gone(pid: int) -> str | None:
     """None while `pid` runs; otherwise how it ended, as far as this process can tell."""

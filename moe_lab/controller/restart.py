@@ -41,6 +41,8 @@ def retire_engines(state: ClusterState) -> tuple[dict | None, set]:
 def replace_engines(state: ClusterState, spare: dict | None, old: set) -> None:
     """End the current engines and have the next set as the cluster's spare (launched now where `spare` is None);
     the engines' state is cleared for `bring_up`."""
+    from . import preloaded
+
     cfg = state.config
     logger.info("restarting %d %s engines%s%s", cfg.engines, cfg.device,
                 f" with {cfg.extra_path[0]} first on their path" if cfg.extra_path else "",
@@ -56,7 +58,8 @@ def replace_engines(state: ClusterState, spare: dict | None, old: set) -> None:
         state.ipp.stop_engines_sync()
         # Killed engines stay registered until the hub's heartbeat drops them: every engine known now is old.
         old |= spares.registered(state.client)
-        state.spare = spares.spare(state.ipp.start_engines_sync(n=cfg.engines), previous=old)
+        state.spare = spares.spare(state.ipp.start_engines_sync(n=cfg.engines,
+                                                                **preloaded.engine_kwargs(state, cfg)), previous=old)
     state.info, state.procs, state.rendezvous, state.engine_ids, state.view = [], [], None, [], None
 
 

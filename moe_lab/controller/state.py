@@ -28,6 +28,7 @@ class ClusterState:
         self.spare: dict | None = None  # the next engine set, launched before it is needed (spares.spare)
         self.engine_set = None  # ipyparallel's id of the current engine set
         self.launched_at = 0.0
+        self.preload_servers: dict = {}  # per engine start (release path, environment): its preload server
 
     @property
     def world(self) -> int:

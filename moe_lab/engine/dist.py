@@ -105,6 +105,12 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
     """Environment and the slow imports (torch, megatron-core), before the rendezvous: engines finish them at
     different times, and the process-group timeout should not have to cover that. Returns seconds taken."""
     t0 = time.perf_counter()
+    asked = (device, tuple(extra_path), tuple(sorted((env or {}).items())), bool(deterministic))
+    done = STATE.setdefault("prepared", asked)
+    if done != asked:
+        # torch and megatron-core are imported once per process: another release or environment cannot follow
+        raise RuntimeError(f"this engine was prepared for {_said(done)}; it cannot be prepared for {_said(asked)} "
+                           "(start engines for it: Cluster.restart_engines)")
     for p in reversed(extra_path):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -128,6 +134,12 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
     from . import compat, shims  # noqa: F401 - imported with megatron-core (engine warm-up)
 
     return time.perf_counter() - t0
+
+
+def _said(prepared: tuple) -> str:
+    device, path, env, deterministic = prepared
+    return (f"device {device}, release path {list(path) or 'none'}, environment {dict(env) or 'none'}"
+            f"{', deterministic' if deterministic else ''}")
 
 
 def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, timeout_s: float,
@@ -380,8 +392,7 @@ def teardown() -> bool:
 
     if tdist.is_initialized():
         tdist.destroy_process_group()
-    fh = STATE.get("stack_fh")
+    kept = {k: STATE[k] for k in ("stack_fh", "prepared") if k in STATE}
     STATE.clear()
-    if fh is not None:  # the stack dump handler stays: the engine is about to stop or be set up again
-        STATE["stack_fh"] = fh
+    STATE.update(kept)  # the stack dump handler and what the imports were made for stay with the process
     return True
