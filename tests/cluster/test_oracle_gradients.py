@@ -100,6 +100,31 @@ def test_every_correct_layout_gradient_is_expected_and_the_planted_bug_is_not(ru
     assert "inside the band although planted: ep1 + planted expert_dp" in card.claim
 
 
+def test_each_run_is_paired_with_the_first_layout_with_the_gap_a_test_needs(runs):
+    """On the engines each run is paired with the first correct run (ep1): a correct layout's pair is expected, with
+    the gap its tensors measured and the assert_close the rule derives from it; the planted bug's pair is not
+    explained by rounding, its expert-gradient gap far wider than any layout's. ep1 itself has no pair; the control
+    of the gap is the planted bug where it is a no-op (EP 1): no element differs from ep1."""
+    by = runs[gradients.NAME]
+    assert by["ep1"]["pair"].get("first") and by["ep1"]["pair"]["with"] is None
+    pairs = {f.subject.get("run"): f for f in gf.findings(list(by.values())) if f.question == gf.Q_PAIR}
+    for n, r in by.items():
+        if n == "ep1":
+            continue
+        assert r["pair"]["with"] == "ep1", (n, r["pair"])
+        assert set(r["pair"]["gaps"]) == set(gradients.GROUPS)
+    for n in ("ep2", "ep4", "tp2,ep2,sp", "tp2,ep2,etp1,sp", "tp2,ep1,sp", "ep4 run 1"):
+        assert pairs[n].status == "PASS" and "expected" in pairs[n].claim, pairs[n].claim
+        for g, t in by[n]["pair"]["gaps"].items():
+            assert t["atol"] >= 0 and t["rtol"] >= 2.0 ** -7 or t["differ"] == 0, (n, g, t)
+    for n in ("ep2 + planted expert_dp", "ep4 + planted expert_dp"):
+        assert pairs[n].status == "FAIL" and f"{n} departs" in pairs[n].claim, pairs[n].claim
+        bug = by[n]["pair"]["gaps"]["experts"]["max_abs"]
+        assert bug > 10 * max(by[c]["pair"]["gaps"]["experts"]["max_abs"] for c in ("ep2", "ep4", "tp2,ep2,sp"))
+    assert pairs["ep1 + planted expert_dp"].status == "PASS"  # the no-op: bitwise ep1, no gap at all
+    assert all(t["differ"] == 0 for t in by["ep1 + planted expert_dp"]["pair"]["gaps"].values())
+
+
 def test_reruns_are_bitwise_equal_and_layouts_are_not(runs):
     by = runs[gradients.NAME]
     assert by["ep4 run 1"]["fingerprints"] == by["ep4"]["fingerprints"]

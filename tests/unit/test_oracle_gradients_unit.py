@@ -38,33 +38,50 @@ def _layout_fields(spec: str) -> dict:
     return {"tp": lay.tp, "ep": lay.ep, "etp": lay.etp, "sequence_parallel": lay.sequence_parallel}
 
 
-def _stats(perm_seed: int, *, noise=1.0, factor=1.0, prefix="") -> tuple[dict, dict]:
-    """One run's statistics: the truths and the multiset of errors (ULPs) fixed, the errors' order per run
-    (`perm_seed`, within each expert), times `noise`; the experts' gradient times `factor`. Equal noise and factor:
-    equal quantiles, so correct runs coincide (a band of no width) — the rule's hardest case."""
+def _runs(perm_seed: int, *, noise=1.0, factor=1.0) -> dict[str, tuple]:
+    """One run's tensors, per group: (run, truth, labels). The truths and the multiset of errors (ULPs) fixed, the
+    errors' order per run (`perm_seed`, within each expert), times `noise`; the experts' gradient times `factor`."""
     base = np.random.default_rng(7)
     rng = np.random.default_rng(perm_seed)
-    out, scale = {}, {}
+    out = {}
     for g, n in SIZES.items():
         t = base.standard_normal(n) * 0.01
         e = base.standard_normal(n) * 0.6
         labels = np.repeat(np.arange(EXPERTS), n // EXPERTS) if g == "experts" else None
         perm = np.concatenate([rng.permutation(np.flatnonzero(labels == k)) for k in range(EXPERTS)]) \
             if labels is not None else rng.permutation(n)
-        run = t * (factor if g == "experts" else 1.0) + rule.bf16_ulp(t) * e[perm] * noise
+        out[g] = (t * (factor if g == "experts" else 1.0) + rule.bf16_ulp(t) * e[perm] * noise, t, labels)
+    return out
+
+
+def _stats(perm_seed: int, *, noise=1.0, factor=1.0, prefix="") -> tuple[dict, dict]:
+    """One run's statistics (`_runs`). Equal noise and factor: equal quantiles, so correct runs coincide (a band of
+    no width) — the rule's hardest case."""
+    out, scale = {}, {}
+    for g, (run, t, labels) in _runs(perm_seed, noise=noise, factor=factor).items():
         out.update(rule.error_stats(run, t, labels, prefix=f"{prefix}{g}."))
         scale[f"{prefix}{g}.all"] = float(run @ t / (t @ t))
     return out, scale
 
 
-def grad_record(name: str, layout: str, *, mistake="none", run=0, noise=1.0, factor=1.0, seed=0) -> dict:
+def grad_record(name: str, layout: str, *, mistake="none", run=0, noise=1.0, factor=1.0, seed=0,
+                pair_with: tuple | None = None) -> dict:
+    """pair_with: (name, seed, noise) of the first correct run this one is paired with (its gaps computed here from
+    both runs' tensors, as the engine does), or "first" for that run itself."""
     stats, scale = _stats(seed, noise=noise, factor=factor)
     fps = {g: f"fp-{layout}-{noise}-{factor}" for g in SIZES}
-    return {**HEADER, **_layout_fields(layout), "experiment": gf.GRADIENTS, "kind": "gradients", "run": run,
-            "mistake": mistake, "run_name": name, "case_key": f"k-{name}", "dp": 4, "expert_dp": 2, "shares": 4,
-            "stats": stats, "scale": scale, "fingerprints": fps, "truth_norm": {g: 1.0 for g in SIZES},
-            "truth_sketch": {g: [0.5] * 4 for g in SIZES}, "loss": 1.0, "loss_truth": 1.0,
-            "grad_norm": 0.05 * factor, "grad_norm_truth": 0.05}
+    rec = {**HEADER, **_layout_fields(layout), "experiment": gf.GRADIENTS, "kind": "gradients", "run": run,
+           "mistake": mistake, "run_name": name, "case_key": f"k-{name}", "dp": 4, "expert_dp": 2, "shares": 4,
+           "stats": stats, "scale": scale, "fingerprints": fps, "truth_norm": {g: 1.0 for g in SIZES},
+           "truth_sketch": {g: [0.5] * 4 for g in SIZES}, "loss": 1.0, "loss_truth": 1.0,
+           "grad_norm": 0.05 * factor, "grad_norm_truth": 0.05}
+    if pair_with == "first":
+        rec["pair"] = {"with": None, "first": True, "reason": "the first correct run"}
+    elif pair_with is not None:
+        other, oseed, onoise = pair_with
+        mine, ref = _runs(seed, noise=noise, factor=factor), _runs(oseed, noise=onoise)
+        rec["pair"] = {"with": other, "gaps": {g: rule.pair_gap(mine[g][0], ref[g][0]).asdict() for g in SIZES}}
+    return rec
 
 
 def traj_record(name: str, layout: str, steps: list[tuple[float, float]], *, mistake="none", run=0, seed=0) -> dict:
@@ -207,6 +224,69 @@ def test_gradient_words_follow_the_rule_on_the_records(runs):
         n_in[gf.planted(r)] += expect == PASS
     card = _card(fs, gf.GRADIENTS)
     assert f"{n_in[False]} of {len(good)} correct run(s) inside" in card.claim, card.claim
+    # each run against the first correct run: its pair's status follows both runs' findings
+    if good:
+        first = by[good[0]]
+        recs2 = [dict(r, pair={"with": None, "first": True} if r is first else
+                      {"with": first["run_name"], "gaps": {g: rule.pair_gap([1.0], [1.0]).asdict() for g in SIZES}})
+                 for r in recs]
+        fs2 = gf.findings(recs2)
+        status = {n: f.status for n, f in _by_run(fs2, gf.Q_GRAD).items()}
+        for n, f in _by_run(fs2, gf.Q_PAIR).items():
+            pair = (status[n], status[first["run_name"]])
+            assert f.status == (FAIL if FAIL in pair else NA if NA in pair else PASS), (pair, f.claim)
+
+
+def _paired_story():
+    first = ("ep1", 0, NOISES[0])
+    recs = [grad_record(s, s, seed=i, noise=NOISES[i], pair_with="first" if i == 0 else first)
+            for i, s in enumerate(LAYOUTS[:4])]
+    recs.append(grad_record("ep2 + planted expert_dp", "ep2", mistake="expert_dp", factor=2.0, seed=9,
+                            pair_with=first))
+    return recs
+
+
+def test_each_run_against_the_first_gets_its_gap_and_the_tolerance_a_test_needs():
+    """The usual story: every correct layout against ep1 expected, with the gap the records hold (each tensor's
+    assert_close as the rule derives it from the two runs' tensors); the planted bug's pair not explained by rounding,
+    naming the planted run; no pair finding for the first run itself."""
+    recs = _paired_story()
+    pairs = _by_run(gf.findings(recs), gf.Q_PAIR)
+    assert set(pairs) == {"ep2", "ep4", "tp2,ep2,sp", "ep2 + planted expert_dp"}
+    for s in ("ep2", "ep4", "tp2,ep2,sp"):
+        f = pairs[s]
+        assert f.status == PASS and f.claim.startswith(f"{s} vs ep1: expected"), f.claim
+        rec = next(r for r in recs if r["run_name"] == s)
+        for g in SIZES:
+            assert f"{gf.PAIR_GROUPS[g]}: {rule.Tolerance(**rec['pair']['gaps'][g]).words()}" in f.claim
+    bug = pairs["ep2 + planted expert_dp"]
+    assert bug.status == FAIL and "not explained by rounding — ep2 + planted expert_dp departs" in bug.claim
+    # the expert gradients of the planted run are twice the truth: its gap to ep1 there is far wider than a layout's
+    gap = lambda f: float(f.claim.split("expert gradients: ")[1].split("max ")[1].split(" ULP")[0])  # noqa: E731
+    assert gap(bug) > 10 * max(gap(pairs[s]) for s in ("ep2", "ep4", "tp2,ep2,sp"))
+
+
+def test_a_pair_whose_first_run_departs_names_it_and_one_without_a_pair_says_why():
+    """Contradicting the story: the first run itself far from the truth — every pair with it is not explained by
+    rounding, naming it, though the other run is in band; a run with no pair measured (a resumed report) says why."""
+    recs = _paired_story()
+    recs[0] = grad_record("ep1", "ep1", seed=0, noise=50.0, pair_with="first")
+    recs[2]["pair"] = {"with": None, "reason": "no correct run of this layer was measured before it"}
+    pairs = _by_run(gf.findings(recs), gf.Q_PAIR)
+    assert pairs["ep2"].status == FAIL and "— ep1 departs from the truth" in pairs["ep2"].claim
+    assert pairs["ep4"].status == NA and "no gap to another run measured — no correct run" in pairs["ep4"].claim
+
+
+def test_the_gap_of_fp32_gradients_is_counted_in_bf16_ulps_of_b():
+    """Main gradients are fp32: a gap below bf16's spacing is still a gap (counted, in fractions of a bf16 ULP);
+    bf16 values keep the count of bf16 values between them. The control: equal tensors have no gap."""
+    b = np.array([1.0, 0.5, -2.0], dtype=np.float32).astype(np.float64)
+    a = b + np.array([2.0 ** -20, 0.0, 0.0])
+    t = rule.pair_gap(a, b)
+    assert t.differ == 1 and 0 < t.max_ulp < 1 and t.max_ulp == pytest.approx(2.0 ** -20 / 2.0 ** -7)
+    bf = rule.pair_gap(np.array([1.0, 1.0078125]), np.array([1.0, 1.0]))  # 1 + 2**-7: the next bf16 value
+    assert bf.differ == 1 and bf.max_ulp == 1.0
+    assert rule.pair_gap(b, b).differ == 0
 
 
 # ---------------------------------------------------------------------------------------------- K steps

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ...experiments import protocol
 from ...experiments.protocol import Case
 from ...layout import Layout
-from ...records import Body, Unavailable
+from ...records import ABSENT, Body, Unavailable
 from .gradients_params import OracleTrainingParams
 
 logger = logging.getLogger(__name__)
@@ -288,12 +288,42 @@ def engine_gradients(payload: dict) -> dict:
         gated = bool(run.gated)
         rs, ts = whole_state([e["run"] for e in every], gated), whole_state([e["truth"] for e in every], gated)
         res.update(compare_state(rs, ts, GROUPS, cfg.seed))
+        res["pair"] = pair_with_first(payload, rs)
         losses = sorted({s: (lr_, lt) for s, lr_, lt in (e["loss"] for e in every)}.items())
         res["loss"] = sum(v[0] for _, v in losses) / len(losses)
         res["loss_truth"] = sum(v[1] for _, v in losses) / len(losses)
         res["grad_norm"], res["grad_norm_truth"] = a["grad_norm"], b["grad_norm"]
         res["shares"] = run.shares
     return res
+
+
+FIRST = "oracle_first_correct_run"
+"""Engine state (rank 0): the whole gradients of the first correct run these engines measured for a layer, batch and
+step, which the runs after it are paired with (`pair_with_first`)."""
+
+
+def pair_with_first(payload: dict, whole: dict) -> dict:
+    """Rank 0: this run's gap to the first correct run (run 0, no planted bug) these engines measured for the same
+    layer, batch and step — in case order, the profile's first layout — per group (`rule.pair_gap`: the tolerance a
+    test of the two needs). The first correct run's tensors are kept for the runs after it (one set: a later layer
+    replaces them); a run with none before it says why."""
+    import json
+
+    from ...engine.dist import STATE
+    from . import rule
+
+    kn = payload["knobs"]
+    same = {"moe": payload["moe"], **{k: v for k, v in kn.items() if k not in ("run", "mistake", "run_name")}}
+    ctx = json.dumps(same, sort_keys=True, default=str)
+    first = STATE.get(FIRST)
+    if first is not None and first["ctx"] == ctx:
+        return {"with": first["name"],
+                "gaps": {g: rule.pair_gap(whole[g], first["whole"][g]).asdict() for g in GROUPS}}
+    if kn["mistake"] == "none" and not kn["run"]:
+        STATE[FIRST] = {"ctx": ctx, "name": kn["run_name"], "whole": {g: whole[g] for g in GROUPS}}
+        return {"with": None, "first": True, "reason": "the first correct run: the runs after it are paired with it"}
+    return {"with": None, "reason": "no correct run of this layer and batch was measured before it by these engines "
+                                    "(a resumed report reuses that run's record; its tensors are not kept)"}
 
 
 # ---------------------------------------------------------------------------------------------- records, verdict
@@ -319,6 +349,9 @@ class GradientsRecord(Body):
     grad_norm: float
     grad_norm_truth: float
     available: bool = True
+    pair: dict = ABSENT
+    """The gap to the first correct run (`pair_with_first`): {"with": its name, "gaps": group → rule.Tolerance}, or
+    {"with": None, "reason": why there is none}."""
 
     def asdict(self) -> dict:
         return {"available": self.available, **{k: v for k, v in super().asdict().items() if k != "available"}}
@@ -332,7 +365,7 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
     r0 = per_rank[0]
     if not r0.get("available"):
         return [Unavailable(r0.get("reason")).asdict()]
-    return [GradientsRecord(**{k: r0[k] for k in _FIELDS}).asdict()]
+    return [GradientsRecord(**{k: r0[k] for k in _FIELDS}, **({"pair": r0["pair"]} if "pair" in r0 else {})).asdict()]
 
 
 def verdict(records: list[dict]) -> str:
@@ -345,4 +378,4 @@ def verdict(records: list[dict]) -> str:
 
 __all__ = ["cases", "on_engine", "records", "verdict", "not_applicable", "params_of", "run_name", "GROUPS",
            "GradientsRecord", "pair", "watch", "batch_pair", "step", "pieces", "gather0", "whole_state",
-           "compare_state", "NAME", "NOTEBOOK"]
+           "compare_state", "pair_with_first", "NAME", "NOTEBOOK"]

@@ -28,6 +28,10 @@ Q_GRAD = "gradients vs fp64"
 Q_TRAIN = "training vs fp64"
 Q_TRUTH = "fp64 truth across layouts"
 Q_RERUN = "gradient reruns"
+Q_PAIR = "gradient gap between two runs"
+PAIR_GROUPS = {"input": "input gradient", "output": "output", "router": "router gradient",
+               "experts": "expert gradients"}
+"""The tensors of a pair's gap (`gradients.pair_with_first`), as a reader calls them."""
 GRADIENT_PARTS = {"input gradient": ("input.",), "weight gradients": ("router.", "experts.")}
 """What one step's verdict judges, part by part: the groups (by prefix) of each part."""
 TRAJECTORY_PARTS = {"weights": ("weights.router.all", "weights.experts.all"),
@@ -150,9 +154,46 @@ def _gradients(sub: list[dict]) -> list[Finding]:
                            Evidence(records=case_keys([r]), notes=[norm] if norm else []), commits=commits_of([r])))
         story_ok.append((n, planted(r), ok))
     out.append(_summary(GRADIENTS, Q_GRAD, sub, subj, story_ok, "one step's gradients"))
+    out += _pairs(runs, {n: ok for n, _, ok in story_ok}, subj)
     out += _truths(GRADIENTS, sub, subj, lambda r: [(g, r["truth_sketch"][g], r["truth_norm"][g])
                                                     for g in sorted(r["truth_sketch"])])
     out += _reruns(GRADIENTS, sub, subj, lambda r: [r["fingerprints"]])
+    return out
+
+
+def _pairs(runs: dict[str, dict], ok: dict[str, bool | None], subj: dict) -> list[Finding]:
+    """Each run against the first correct run it was paired with on the engines: expected (both inside the band) with
+    the gap a test of the two needs, per tensor as `assert_close`; not explained by rounding where either departs
+    (naming it); not judged where either has no verdict; said where no pair was measured."""
+    out = []
+    for n, r in runs.items():
+        p = r.get("pair")
+        if not isinstance(p, dict) or p.get("first"):
+            continue
+        b = p.get("with")
+        if not b:
+            out.append(Finding(GRADIENTS, Q_PAIR, {**subj, "run": n}, NA,
+                               f"{n}: no gap to another run measured — {p.get('reason')}",
+                               Evidence(records=case_keys([r])), commits=commits_of([r])))
+            continue
+        gaps = {g: rule.Tolerance(**t) for g, t in (p.get("gaps") or {}).items()}
+        order = [g for g in PAIR_GROUPS if g in gaps] + [g for g in sorted(gaps) if g not in PAIR_GROUPS]
+        gap = "; ".join(f"{PAIR_GROUPS.get(g, g)}: {gaps[g].words()}" for g in order)
+        mine, theirs = ok.get(n), ok.get(b)
+        departs = [x for x, o in ((n, mine), (b, theirs)) if o is False]
+        if departs:
+            status = FAIL
+            head = (f"not explained by rounding — {' and '.join(departs)} departs from the truth (its verdict); "
+                    "a tolerance as wide as this gap would pass it")
+        elif mine is None or theirs is None:
+            status = NA
+            head = "not judged — " + (f"{b} is not among this layer's runs" if b not in runs else UNJUDGED)
+        else:
+            status = PASS
+            head = "expected (both inside the band of the known-correct runs); the gap a test of the two needs"
+        rel = [r] + ([runs[b]] if b in runs else [])
+        out.append(Finding(GRADIENTS, Q_PAIR, {**subj, "run": n}, status, f"{n} vs {b}: {head} — {gap}",
+                           Evidence(records=case_keys(rel)), commits=commits_of(rel)))
     return out
 
 
@@ -323,4 +364,5 @@ def findings(records: list[dict]) -> list[Finding]:
 
 
 __all__ = ["findings", "judge", "reruns_of", "step_verdicts", "name_of", "layout_of", "planted", "GRADIENT_PARTS",
-           "TRAJECTORY_PARTS", "GRADIENTS", "TRAJECTORY", "Q_GRAD", "Q_TRAIN", "Q_TRUTH", "Q_RERUN", "FP64_AGREE"]
+           "TRAJECTORY_PARTS", "GRADIENTS", "TRAJECTORY", "Q_GRAD", "Q_TRAIN", "Q_TRUTH", "Q_RERUN", "Q_PAIR",
+           "PAIR_GROUPS", "FP64_AGREE"]

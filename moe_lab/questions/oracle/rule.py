@@ -357,6 +357,11 @@ def bf16_ordered(x: np.ndarray) -> np.ndarray:
     return np.where(b & 0x8000, -mag, mag)
 
 
+def _all_bf16(x: np.ndarray) -> bool:
+    finite = np.isfinite(x)
+    return bool(np.array_equal(round_bf16(x[finite]), x[finite]))
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """What a pair of bf16 runs needs to pass a tolerance check: |A - B| measured, and the `assert_close` that
@@ -390,13 +395,18 @@ class Tolerance:
 
 
 def pair_gap(a, b) -> Tolerance:
-    """The gap between two bf16 runs (float64 views of bf16 values, or bf16 tensors) and the tolerance it needs."""
+    """The gap between two runs and the tolerance it needs. bf16 values (float64 views of them, or bf16 tensors):
+    the ULP gap counts the bf16 values between A and B. Values finer than bf16 (fp32 main gradients): |A - B| in ULPs
+    of B's bf16 value, the unit `errors` measures in."""
     x, y = as_float64(a), as_float64(b)
     if x.shape != y.shape:
         raise ValueError(f"a and b must have as many elements: {x.size} vs {y.size}")
     n = int(x.size)
-    ulp = np.abs(bf16_ordered(x) - bf16_ordered(y)).astype(np.float64)
     d = np.abs(x - y)
+    if _all_bf16(x) and _all_bf16(y):
+        ulp = np.abs(bf16_ordered(x) - bf16_ordered(y)).astype(np.float64)
+    else:
+        ulp = d / bf16_ulp(y)
     differ = int((ulp != 0).sum())
     if n == 0 or differ == 0:
         return Tolerance(n=n, differ=0, p999_ulp=0.0, max_ulp=0.0, p999_abs=0.0, max_abs=0.0, max_rel=0.0,
