@@ -111,13 +111,15 @@ kept, so a stopped or starved engine is treated as before."""
 
 def heartbeat_settings(settings: dict) -> dict:
     """`settings` (launcher_settings) with the controller's heartbeat at HEARTBEAT_MS and the same allowance; a
-    user's own `Cluster.controller_args` come after ours, so theirs win."""
+    user's own `Cluster.controller_args` come after ours and replace ours of the same setting (the controller
+    refuses a setting given twice)."""
     conf = settings.get("config")
     own = list(conf["Cluster"]["controller_args"]) if conf is not None and "Cluster" in conf \
         and "controller_args" in conf["Cluster"] else []
+    theirs = {str(a).split("=", 1)[0] for a in own}
     misses = max(1, round(HEARTBEAT_ALLOWANCE_S * 1000 / HEARTBEAT_MS))
-    return dict(settings, controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}",
-                                           f"--HeartMonitor.max_heartmonitor_misses={misses}", *own])
+    ours = [f"--HeartMonitor.period={HEARTBEAT_MS}", f"--HeartMonitor.max_heartmonitor_misses={misses}"]
+    return dict(settings, controller_args=[a for a in ours if a.split("=", 1)[0] not in theirs] + own)
 
 
 def _checked_value(key: str, cls, trait, value):

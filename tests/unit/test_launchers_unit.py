@@ -222,7 +222,7 @@ def test_launcher_ranks_order_the_engines_when_every_engine_has_one():
     assert [p["engine"] for p in assign_ranks([(5, "vm"), (4, "vm")], {5: 0})] == [4, 5]
 
 
-def test_the_hub_pings_every_250_ms_with_ipyparallels_30_s_allowance_and_a_users_own_args_come_last():
+def test_the_hub_pings_every_250_ms_with_ipyparallels_30_s_allowance_and_a_users_own_args_replace_ours():
     from moe_lab.controller.launchers import HEARTBEAT_ALLOWANCE_S, HEARTBEAT_MS, heartbeat_settings
 
     ours = heartbeat_settings(launcher_settings(ClusterConfig(device="cpu", engines=2)))["controller_args"]
@@ -230,4 +230,8 @@ def test_the_hub_pings_every_250_ms_with_ipyparallels_30_s_allowance_and_a_users
     assert HEARTBEAT_MS * 120 == HEARTBEAT_ALLOWANCE_S * 1000 == 3000 * 10  # ipyparallel's 10 missed 3 s pings
     mine = ["--HeartMonitor.period=1000"]
     cfg = ClusterConfig(device="cpu", engines=2, launcher_options={"Cluster.controller_args": mine})
-    assert heartbeat_settings(launcher_settings(cfg))["controller_args"] == ours + mine  # the last one wins
+    # the controller refuses a setting given twice: the user's replaces ours, the other of ours stays
+    assert heartbeat_settings(launcher_settings(cfg))["controller_args"] == ours[1:] + mine
+    other = ["--IPController.ip=127.0.0.1"]
+    cfg = ClusterConfig(device="cpu", engines=2, launcher_options={"Cluster.controller_args": other})
+    assert heartbeat_settings(launcher_settings(cfg))["controller_args"] == ours + other
