@@ -178,12 +178,13 @@ class Cluster:
         return self
 
     # ------------------------------------------------------------------ the next engine set, launched early
-    def prestart(self) -> bool:
-        """Launch the engine set the next `restart_engines` will use, now, while the current engines work: it then
-        finds them registered and, after `warm(**changes)` with the same changes, their imports done. The first
-        ~20 s of a restart on a GPU node (registration, torch + megatron-core imports) are hidden. Local engines
-        only, where the cores allow (`prestart_wanted`); True if a spare set is up or on its way."""
-        return spares.prestart(self.state)
+    def prestart(self, **changes) -> bool:
+        """Launch the engine set the next `restart_engines(**changes)` will use, now, while the current engines
+        work: it then finds them registered and, after `warm(**changes)` with the same changes, their imports done
+        (with `changes` given where the cluster forks its engines from a preload server, they are forked with them
+        done). The first ~20 s of a restart on a GPU node (registration, torch + megatron-core imports) are hidden.
+        Local engines only, where the cores allow (`prestart_wanted`); True if a spare set is up or on its way."""
+        return spares.prestart(self.state, **changes)
 
     def warm(self, **changes) -> bool:
         """Non-blocking: once the spare engines have registered, start their slow imports for the config

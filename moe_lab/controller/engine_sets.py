@@ -97,7 +97,7 @@ class EngineSets:
                 logger.info("launching the next group's own cluster now (this one is the run's shared cluster)")
                 self._pending = Cluster(target).launch()
             self._warming = (self._pending, {})
-        elif c.prestart():
+        elif c.prestart(**need):
             self._warming = (c, need)
 
     def tick(self) -> None:

@@ -32,7 +32,7 @@ def retire_engines(state: ClusterState) -> tuple[dict | None, set]:
     """Before a restart: the spare set to use (None if there is none, or it was warmed for another config), the
     engines registered now, and the current engines' process groups torn down."""
     cfg, sp = state.config, state.spare
-    spare = sp if sp and sp["warmed"] in (None, spares.prepare_args(cfg)) else None
+    spare = sp if spares.usable(sp, cfg) else None
     old = spares.registered(state.client, state.engine_ids)
     teardown_engines(state)
     return spare, old

@@ -13,22 +13,36 @@ from .state import ClusterState
 logger = logging.getLogger("moe_lab.controller.cluster")  # a cluster's log, whichever module does the work
 
 
-def spare(engine_set, previous: set) -> dict:
+def spare(engine_set, previous: set, preloaded: tuple | None = None) -> dict:
     """A spare set: ipyparallel's id of the engine set, the engines registered before it (never its own), the ids of
-    its engines once registered (`warm`), and the `prepare_args` its imports were started with."""
-    return {"set": engine_set, "previous": previous, "ids": None, "warmed": None}
+    its engines once registered (`warm`), the `prepare_args` its imports were started with, and those it was forked
+    with from a preload server (None: engines of their own, which import what `warm` asks)."""
+    return {"set": engine_set, "previous": previous, "ids": None, "warmed": None, "preloaded": preloaded}
 
 
-def prestart(state: ClusterState) -> bool:
-    """Launch the engine set the next `restart_engines` will use, now (Cluster.prestart); True if a spare set is up
-    or on its way."""
+def prestart(state: ClusterState, /, **changes) -> bool:
+    """Launch the engine set the next `restart_engines(**changes)` will use, now (Cluster.prestart); with `changes`
+    known, forked from a preload server for them where the cluster forks its engines (`controller.preloaded`). True
+    if a spare set is up or on its way."""
+    from . import preloaded
+
     if state.client is None or state.attached or state.config.launcher != "local":
         return False
     if state.spare is None:
         previous = registered(state.client)
-        state.spare = spare(state.ipp.start_engines_sync(n=state.config.engines), previous)
-        logger.info("launched %d spare engines for the next restart", state.config.engines)
+        target = state.config.replace(**changes) if changes else None
+        kw = preloaded.engine_kwargs(state, target) if target is not None else {}
+        forked = prepare_args(target) if kw.get("server") is not None else None
+        state.spare = spare(state.ipp.start_engines_sync(n=state.config.engines, **kw), previous, forked)
+        logger.info("launched %d spare engines for the next restart%s", state.config.engines,
+                    " (forked from a preload server)" if forked else "")
     return True
+
+
+def usable(sp: dict | None, cfg: ClusterConfig) -> bool:
+    """Whether spare set `sp` can serve engines started as `cfg`: nothing imported yet, or imported for cfg."""
+    args = prepare_args(cfg)
+    return sp is not None and sp["warmed"] in (None, args) and sp.get("preloaded") in (None, args)
 
 
 def warm(state: ClusterState, /, **changes) -> bool:
@@ -39,13 +53,16 @@ def warm(state: ClusterState, /, **changes) -> bool:
         return False
     if sp["warmed"] is not None:
         return True
+    target = state.config.replace(**changes) if changes else state.config
+    if not usable(sp, target):  # forked for another configuration: never imported for this one
+        return False
     new = sorted(eid for eid, _ in registered(state.client) - sp["previous"])
     if len(new) < state.config.engines:
         return False
     from ..engine import dist
 
     sp["ids"] = new[: state.config.engines]
-    sp["warmed"] = prepare_args(state.config.replace(**changes) if changes else state.config)
+    sp["warmed"] = prepare_args(target)
     for eid in sp["ids"]:
         state.client[eid].apply_async(dist.prepare, **dict(sp["warmed"]))
     return True

@@ -112,6 +112,31 @@ def test_a_spare_warmed_for_another_release_is_not_used(other_release):
         assert c.run(os.getenv, "MOE_LAB_TEST_X") == ["1", "1"]
 
 
+def test_a_spare_forked_for_a_release_serves_that_release_and_no_other(other_release, monkeypatch):
+    """With the restart's changes known (what a run's prefetch passes), the spare set is forked from a preload server
+    for them: the restart to that release takes it with its imports done. The controls: warm() for another release
+    refuses it, and a restart for another release does not use it (fresh engines of that release)."""
+    from moe_lab.controller import preloaded, spares
+
+    monkeypatch.setenv(preloaded.PRELOAD_ENV, "1")
+    other = other_release
+    with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
+        assert c.prestart(extra_path=other)
+        target = c.config.replace(extra_path=other)
+        assert c.state.spare["preloaded"] == spares.prepare_args(target)
+        assert not c.warm(extra_path=())  # forked for 0.12.3: never imported for the installed release
+        _warm_until_sent(c, extra_path=other)
+        spare_ids = list(c.state.spare["ids"])
+        c.restart_engines(extra_path=other)
+        assert c.engine_ids == spare_ids and c.summary()["megatron_core"] == OTHER
+        assert c.timings["imports_s"] < 0.5, c.timings
+        assert c.prestart(extra_path=())  # forked for the installed release ...
+        spare_set = c.state.spare["set"]
+        c.restart_engines(extra_path=other, env={"MOE_LAB_TEST_X": "1"})  # ... but the restart asks for another
+        assert c.summary()["megatron_core"] == OTHER and c.run(os.getenv, "MOE_LAB_TEST_X") == ["1", "1"]
+        assert c.state.engine_set != spare_set
+
+
 def test_the_gpu_warm_up_runs_its_collectives_on_every_rank(cpu_cluster):
     """dist.warm_up is what bring-up runs on GPUs; here on CPU ranks (same collectives, same shapes on every rank)."""
     from moe_lab.engine import dist

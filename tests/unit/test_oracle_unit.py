@@ -304,3 +304,73 @@ def test_top_k_differences_between_runs_from_their_flips():
     a = {"flipped_topk": {"3": [0, 1], "7": [2, 5]}}
     b = {"flipped_topk": {"3": [0, 1], "9": [4, 6]}}
     assert found.topk_differences(a, b) == {7, 9} and found.topk_differences(a, a) == set()
+
+
+# ---------------------------------------------------------------------------------------------- on the engines' device
+
+
+def _same_stats(a: dict, b: dict, path: str = "") -> list[str]:
+    """Where two error_stats results differ: quantiles and counts exactly, means and standard errors to 1e-12."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y, here = a.get(k), b.get(k), f"{path}/{k}"
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _same_stats(x, y, here)
+        elif k in ("mean", "mean_se"):
+            if not (x == y or (np.isnan(x) and np.isnan(y))
+                    or (np.isfinite(x) and abs(x - y) <= 1e-12 * max(abs(x), abs(y), 1e-300))):
+                out.append(f"{here}: {x} vs {y}")
+        elif not (x == y or (isinstance(x, float) and np.isnan(x) and np.isnan(y))):
+            out.append(f"{here}: {x} vs {y}")
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(1, 700), st.sampled_from([1, 3, 8]), st.booleans())
+def test_the_engines_statistics_are_the_rules(seed, n, experts, with_zeros):
+    """rule_torch.error_stats (what the engines compute, on their device) against rule.error_stats (numpy, the
+    reference) on random bf16 runs of an fp64 truth with labels, overlapping masks and a keep mask: every quantile,
+    count and noise equal, means and standard errors to float64 rounding. The control: a run one bf16 step off at one
+    element is told apart."""
+    from moe_lab.questions.oracle import rule_torch
+
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.randn(n, generator=g, dtype=torch.float64) * 10.0 ** float(seed % 5 - 2)
+    if with_zeros:
+        truth[::7] = 0.0
+    run = (truth + torch.randn(n, generator=g, dtype=torch.float64) * truth.abs() * 2 ** -8).bfloat16()
+    labels = torch.randint(-1, experts, (n,), generator=g)
+    masks = {"even": np.arange(n) % 2 == 0, "first": torch.arange(n) < n // 3}
+    keep = torch.rand(n, generator=g) > 0.1
+    want = rule.error_stats(run, truth, labels.numpy(), prefix="x.", masks=masks, keep=keep.numpy())
+    got = rule_torch.error_stats(run, truth, labels, prefix="x.", masks=masks, keep=keep)
+    assert _same_stats(want, got) == []
+    off = run.clone()
+    i = int(torch.argmax(truth.abs() * keep))  # a kept element: the control must reach the statistics
+    off[i] = (off[i].float() * (1 + 2 ** -7)).bfloat16()  # the next bf16 value away from zero
+    if bool(keep.any()) and not torch.equal(off, run):
+        assert _same_stats(want, rule_torch.error_stats(off, truth, labels, prefix="x.", masks=masks, keep=keep))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(1, 700), st.sampled_from(["bf16", "fp32", "same"]))
+def test_the_engines_pair_gap_is_the_rules(seed, n, kind):
+    """rule_torch.pair_gap (on the engines' device) against rule.pair_gap (numpy): bf16 runs, fp32 gradients, and
+    two equal runs (no gap). The control: a gap one element wider is told apart."""
+    from moe_lab.questions.oracle import rule_torch
+
+    g = torch.Generator().manual_seed(seed)
+    b = torch.randn(n, generator=g, dtype=torch.float64) * 10.0 ** float(seed % 5 - 2)
+    a = b + torch.randn(n, generator=g, dtype=torch.float64) * b.abs() * 2 ** -7
+    if kind == "bf16":
+        a, b = a.bfloat16(), b.bfloat16()
+    elif kind == "fp32":
+        a, b = a.float(), b.float()
+    else:
+        a = b = b.bfloat16()
+    want, got = rule.pair_gap(a, b), rule_torch.pair_gap(a, b)
+    assert want == got, (want, got)
+    wider = a.clone()
+    i = int(torch.argmax(b.abs()))
+    wider[i] = wider[i] * 2 + 1
+    assert rule_torch.pair_gap(wider, b) != want

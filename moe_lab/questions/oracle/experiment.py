@@ -22,6 +22,7 @@ Planted faults (`FAULTS`), each a bug a sharding mistake makes, each on one layo
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -200,31 +201,31 @@ def _measure(stages: dict, truth: dict, k: int) -> dict:
     import numpy as np
     import torch
 
-    from . import rule
+    from . import rule, rule_torch
 
-    # measured on the host: numpy's quantiles, and a GPU's memory left to the layers
-    stages = {k: v.detach().cpu() for k, v in stages.items()}
-    truth = {k: v.detach().cpu() for k, v in truth.items()}
+    # the statistics where the layer ran (a GPU sorts a run's millions of elements in milliseconds); the routing
+    # and its margins, small, on the host
+    stages = {k: v.detach() for k, v in stages.items()}
+    truth = {k: v.detach().to(stages["out"].device) for k, v in truth.items()}
     t_map, r_map = truth["router.routing_map"].bool(), stages["router.routing_map"].bool()
     tokens = t_map.shape[0]
     flipped = (t_map != r_map).any(dim=1)
-    kept = (~flipped).numpy()
-    lg = truth["router.logits"].reshape(tokens, -1).to(torch.float64)
+    kept = ~flipped
+    lg = truth["router.logits"].reshape(tokens, -1).to(torch.float64).cpu()
     top = torch.sort(lg, dim=1, descending=True).values
     if lg.shape[1] > k:
         margin = (top[:, k - 1] - top[:, k]).numpy() / rule.bf16_ulp(top[:, k - 1].numpy())
     else:
         margin = np.full(tokens, np.inf)
-    stats = rule.error_stats(stages["router.logits"], truth["router.logits"], prefix="router.logits/")
-    routed = t_map.numpy() & kept[:, None]
-    stats.update(rule.error_stats(stages["router.probs"].reshape(tokens, -1)[t_map.reshape(tokens, -1)
-                                                                           & torch.from_numpy(kept)[:, None]],
-                                  truth["router.probs"].reshape(tokens, -1)[torch.from_numpy(routed)],
-                                  prefix="router.probs/"))
+    stats = rule_torch.error_stats(stages["router.logits"], truth["router.logits"], prefix="router.logits/")
+    routed = t_map.reshape(tokens, -1) & kept[:, None]
+    stats.update(rule_torch.error_stats(stages["router.probs"].reshape(tokens, -1)[routed],
+                                        truth["router.probs"].reshape(tokens, -1)[routed], prefix="router.probs/"))
     out, t_out = stages["out"].reshape(tokens, -1), truth["out"].reshape(tokens, -1)
     hidden = out.shape[1]
-    masks = {f"expert {e}": np.repeat(t_map[:, e].numpy(), hidden) for e in range(t_map.shape[1])}
-    stats.update(rule.error_stats(out, t_out, prefix="out/", masks=masks, keep=np.repeat(kept, hidden)))
+    stats.update(rule_torch.error_stats(out, t_out, prefix="out/", masks=_ExpertElements(t_map, hidden),
+                                        keep=kept.repeat_interleave(hidden)))
+    flipped, kept, r_map = flipped.cpu(), kept.cpu().numpy(), r_map.cpu()
     return {"stats": stats,
             "flips": {"tokens": tokens, "flipped": int(flipped.sum()),
                       "flipped_margin_ulp": [float(m) for m in margin[~kept]],
@@ -233,6 +234,24 @@ def _measure(stages: dict, truth: dict, k: int) -> dict:
                       "margin_ulp_quantiles": {q: float(np.percentile(margin, v)) for q, v in
                                                (("min", 0), ("p1", 1), ("median", 50))},
                       "margin_ulp_below": {str(u): int((margin <= u).sum()) for u in (1, 4, 16, 64)}}}
+
+
+class _ExpertElements(Mapping):
+    """"expert e" → the output elements of the tokens the truth routed to expert e (a token's hidden elements
+    repeated), each mask built when the statistics ask for it: one at a time, not one per expert at once."""
+
+    def __init__(self, routing_map, hidden: int):
+        self.map, self.hidden = routing_map, hidden
+
+    def __getitem__(self, name: str):
+        e = int(name.removeprefix("expert "))
+        return self.map[:, e].repeat_interleave(self.hidden)
+
+    def __iter__(self):
+        return (f"expert {e}" for e in range(self.map.shape[1]))
+
+    def __len__(self) -> int:
+        return int(self.map.shape[1])
 
 
 def on_engine(payload: dict) -> dict:
@@ -279,9 +298,10 @@ def on_engine(payload: dict) -> dict:
             outs[label] = stages["out"]
     if not rank0:
         return {"rank": toolkit.tdist.get_rank()}
-    from . import rule
+    from . import rule_torch
 
-    pairs = [{"a": a, "b": b, **rule.pair_gap(outs[a], outs[b]).asdict()} for a, b in _pairs(runs, kn["reference"])]
+    pairs = [{"a": a, "b": b, **rule_torch.pair_gap(outs[a], outs[b]).asdict()}
+             for a, b in _pairs(runs, kn["reference"])]
     return {"rank": 0, "runs": runs, "pairs": pairs, "fp64_layouts": fp64_layouts,
             "truth": {"layout": kn["reference"], "elements": int(truth["out"].numel())}}
 

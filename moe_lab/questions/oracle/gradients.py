@@ -232,32 +232,35 @@ def whole_state(every: list[dict], gated: bool) -> dict:
 
 def compare_state(run: dict, truth: dict, groups, seed: int, *, prefix: str = "", per_expert: bool = True) -> dict:
     """Rank 0: the rule's statistics of each group of the run against the truth (experts also per expert where
-    `per_expert`), the run's least-squares scale against the truth (likewise), its fingerprint, and the truth's norm
-    and sketch."""
+    `per_expert`), the run's least-squares scale against the truth (likewise) — both on the engine's device —, its
+    fingerprint, and the truth's norm and sketch."""
     import torch
 
     from ... import metrics
     from ...engine import layer as layer_mod
-    from . import rule
+    from ...engine.dist import STATE
+    from . import rule_torch
 
+    dev = STATE.get("torch_device", torch.device("cpu"))  # the statistics where the engine computes: its GPU
     stats, scale, fps, tnorm, sketch = {}, {}, {}, {}, {}
     for g in groups:
         a, t = run[g], truth[g]
-        labels = run["experts_labels"].numpy() if g == "experts" and per_expert else None
-        stats.update(rule.error_stats(a, t, labels, prefix=f"{prefix}{g}."))
-        a64, t64 = a.detach().to(torch.float64), t.detach().to(torch.float64)
+        labels = run["experts_labels"] if g == "experts" and per_expert else None
+        stats.update(rule_torch.error_stats(a.to(dev), t.to(dev), None if labels is None else labels.to(dev),
+                                            prefix=f"{prefix}{g}."))
+        a64, t64 = a.detach().to(dev, torch.float64), t.detach().to(dev, torch.float64)
         tt = float(t64 @ t64)
         scale[f"{prefix}{g}.all"] = float(a64 @ t64) / tt if tt else None
         if labels is not None:
-            lab = run["experts_labels"]
-            for e in sorted(set(lab.tolist())):
+            lab = labels.to(dev)
+            for e in sorted(set(torch.unique(lab).tolist())):
                 m = lab == e
                 te = float(t64[m] @ t64[m])
                 scale[f"{prefix}{g}.{e}"] = float(a64[m] @ t64[m]) / te if te else None
         fps[f"{prefix}{g}"] = metrics.fingerprint(a)
         tnorm[f"{prefix}{g}"] = tt ** 0.5
-        gen = layer_mod.generator(torch.device("cpu"), seed, "oracle sketch", g, t64.numel())
-        r = torch.randn((SKETCH, t64.numel()), generator=gen, dtype=torch.float64)
+        gen = layer_mod.generator(dev, seed, "oracle sketch", g, t64.numel())  # the same directions at every layout
+        r = torch.randn((SKETCH, t64.numel()), generator=gen, dtype=torch.float64, device=dev)
         sketch[f"{prefix}{g}"] = (r @ t64).tolist()
     return {"stats": stats, "scale": scale, "fingerprints": fps, "truth_norm": tnorm, "truth_sketch": sketch}
 
@@ -310,15 +313,17 @@ def pair_with_first(payload: dict, whole: dict) -> dict:
     import json
 
     from ...engine.dist import STATE
-    from . import rule
+    from . import rule_torch
 
     kn = payload["knobs"]
     same = {"moe": payload["moe"], **{k: v for k, v in kn.items() if k not in ("run", "mistake", "run_name")}}
     ctx = json.dumps(same, sort_keys=True, default=str)
     first = STATE.get(FIRST)
+    dev = STATE.get("torch_device", "cpu")
     if first is not None and first["ctx"] == ctx:
         return {"with": first["name"],
-                "gaps": {g: rule.pair_gap(whole[g], first["whole"][g]).asdict() for g in GROUPS}}
+                "gaps": {g: rule_torch.pair_gap(whole[g].to(dev), first["whole"][g].to(dev)).asdict()
+                         for g in GROUPS}}
     if kn["mistake"] == "none" and not kn["run"]:
         STATE[FIRST] = {"ctx": ctx, "name": kn["run_name"], "whole": {g: whole[g] for g in GROUPS}}
         return {"with": None, "first": True, "reason": "the first correct run: the runs after it are paired with it"}

@@ -47,9 +47,10 @@ BIAS_SIGMAS = 4.0
 """How many standard errors a bias must clear (from zero and from the widened band of C's means) to be out of band."""
 ALL = "all"
 """The group every element belongs to."""
-_QUANTILES = {"median": 50.0, "p99": 99.0, "p999": 99.9, "max": 100.0}
-_BF16_MIN_NORMAL_EXP = -126
-_BF16_MANTISSA = 8  # significand bits, the implicit one included
+QUANTILES = {"median": 50.0, "p99": 99.0, "p999": 99.9, "max": 100.0}
+"""Each ULP statistic as a percentile (numpy's 'linear')."""
+BF16_MIN_NORMAL_EXP = -126
+BF16_MANTISSA = 8  # significand bits, the implicit one included
 
 
 def as_float64(x) -> np.ndarray:
@@ -78,8 +79,8 @@ def bf16_ulp(truth: np.ndarray) -> np.ndarray:
     r = np.abs(round_bf16(truth))
     r = np.where(np.isfinite(r), r, np.finfo(np.float32).max)
     _, e = np.frexp(r)  # r = m * 2**e with m in [0.5, 1): exponent(r) = e - 1
-    e = np.maximum(e - 1, _BF16_MIN_NORMAL_EXP)
-    return np.ldexp(1.0, e - (_BF16_MANTISSA - 1))
+    e = np.maximum(e - 1, BF16_MIN_NORMAL_EXP)
+    return np.ldexp(1.0, e - (BF16_MANTISSA - 1))
 
 
 def errors(run, truth) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +99,7 @@ def errors(run, truth) -> tuple[np.ndarray, np.ndarray]:
 def _quantiles(a: np.ndarray) -> dict[str, float]:
     if a.size == 0:
         return {s: float("nan") for s in ULP_STATISTICS}
-    qs = np.percentile(a, [_QUANTILES[s] for s in ULP_STATISTICS])
+    qs = np.percentile(a, [QUANTILES[s] for s in ULP_STATISTICS])
     return {s: float(v) for s, v in zip(ULP_STATISTICS, qs)}
 
 
@@ -463,7 +464,8 @@ def pair_verdict(a: RunVerdict, b: RunVerdict, tolerance: Tolerance | None = Non
     return PairVerdict(a.run, b.run, expected=False, tolerance=tolerance, why=why, farther=tuple(v.run for v in bad))
 
 
-__all__ = ["ULP_STATISTICS", "BIAS", "BIAS_SIGMAS", "ALL", "as_float64", "round_bf16", "bf16_ulp", "errors",
+__all__ = ["ULP_STATISTICS", "QUANTILES", "BF16_MANTISSA", "BF16_MIN_NORMAL_EXP", "BIAS", "BIAS_SIGMAS", "ALL",
+           "as_float64", "round_bf16", "bf16_ulp", "errors",
            "error_stats", "Band", "Departure", "RunVerdict", "judge_run", "judge_runs", "bf16_ordered", "Tolerance",
            "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "ROUTING", "flip_limit", "judge_flips", "judge"]
 
