@@ -22,9 +22,17 @@ $(VENV)/.moe_lab-ready: pyproject.toml
 reports: setup
 	$(BIN)/moe-lab run $(ARGS)
 
-# Tests: unit + cluster (4 gloo engines) + notebooks on the cpu profile; GPU tests skip without GPUs.
+# Tests: the unit tier on every core (pytest-xdist), then the cluster (4 gloo engines) and notebook tiers one test at a
+# time (they start engines, break them and time them); GPU tests skip without GPUs. Both runs go whatever the first
+# says; a run that selects no test (-k) is not a failure.
+UNIT_WORKERS ?= auto
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@rc=0; \
+	for tier in "-n $(UNIT_WORKERS) tests/unit" "tests/cluster tests/notebooks tests/gpu"; do \
+		echo "== pytest $(PYTEST_ARGS) $$tier"; \
+		$(BIN)/python -m pytest $(PYTEST_ARGS) $$tier; r=$$?; \
+		if [ $$r -ne 0 ] && [ $$r -ne 5 ]; then rc=$$r; fi; \
+	done; exit $$rc
 
 lab: setup
 	$(BIN)/moe-lab lab
