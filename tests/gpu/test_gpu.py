@@ -184,3 +184,41 @@ def test_restart_engines_switches_release_on_gpus(nccl_cluster):
     finally:
         nccl_cluster.restart_engines(extra_path=())
     assert nccl_cluster.summary()["megatron_core"] == releases.installed_version()
+
+
+@pytest.mark.gpu
+def test_notebook_08s_statistics_on_the_gpu_are_the_hosts():
+    """rule_torch on the GPU (what notebook 08's engines compute there) against rule.py's numpy on the host, at the
+    size of the seed layer's output (4096 tokens x 4096): quantiles and counts equal, means to float64 rounding, the
+    pair gap equal; both timed for the log. The control: a run one bf16 step off at one element is told apart."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from moe_lab.questions.oracle import rule, rule_torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    truth = torch.randn(4096 * 4096, generator=g, device="cuda", dtype=torch.float64)
+    run = (truth + torch.randn(truth.shape, generator=g, device="cuda", dtype=torch.float64)
+           * truth.abs() * 2 ** -8).bfloat16()
+    labels = torch.randint(0, 8, truth.shape, generator=g, device="cuda")
+    t0 = time.perf_counter()
+    got = rule_torch.error_stats(run, truth, labels, prefix="out/")
+    torch.cuda.synchronize()
+    t_gpu = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    want = rule.error_stats(run.cpu(), truth.cpu(), labels.cpu().numpy(), prefix="out/")
+    t_host = time.perf_counter() - t0
+    print(f"TIME error statistics of {truth.numel():,} elements in 9 groups: GPU {t_gpu:.2f} s, host {t_host:.2f} s")
+    for grp, w in want.items():
+        for k, v in w.items():
+            if k in ("mean", "mean_se"):
+                assert abs(v - got[grp][k]) <= 1e-12 * max(abs(v), 1e-300), (grp, k)
+            else:
+                assert v == got[grp][k], (grp, k)
+    other = run.clone()
+    other[0] = (other[0].float() * (1 + 2 ** -7)).bfloat16()
+    assert rule_torch.pair_gap(other, run) == rule.pair_gap(other.cpu(), run.cpu())
+    assert rule_torch.pair_gap(other, run).differ == 1 and rule_torch.pair_gap(run, run).differ == 0
+    assert np.isfinite(got["out/all"]["p999"])

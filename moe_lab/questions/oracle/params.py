@@ -35,7 +35,7 @@ class OracleParams(Section):
     `"oracle": {"training": {...}}`)."""
     trials: int = 0
     """Runs of each layout on each dispatcher (the reruns); 0: the profile's `trials`. Each run's error statistics
-    are measured over every element (the seed layer's 4M output elements take seconds a run on the host's CPU)."""
+    are measured over every element, where the layer ran (`rule_torch`: on a GPU, sorted there)."""
 
     def __post_init__(self):
         from ...layout import Layout
