@@ -108,8 +108,11 @@ SPLITS = 4
 for j < SPLITS."""
 
 
-def _split_noise(a: np.ndarray) -> dict[str, float]:
-    n = a.size
+def split_noise(a, quantiles=None) -> dict[str, float]:
+    """Each ULP statistic's noise in flat group `a` (see `SPLITS`); `quantiles` computes the statistics (numpy's by
+    default; `rule_torch` passes its own for a tensor on the engine's device)."""
+    quantiles = quantiles or _quantiles
+    n = len(a)
     if n < 2:
         return {s: float("inf") for s in ULP_STATISTICS}
     # interleaved halves only (element i in half (i >> j) & 1 for j = 0, 1, ...): contiguous halves would split a
@@ -121,7 +124,7 @@ def _split_noise(a: np.ndarray) -> dict[str, float]:
         if m < 2:
             break
         pairs = a[:m].reshape(-1, 2, block)
-        x, y = _quantiles(pairs[:, 0].reshape(-1)), _quantiles(pairs[:, 1].reshape(-1))
+        x, y = quantiles(pairs[:, 0].reshape(-1)), quantiles(pairs[:, 1].reshape(-1))
         diffs.append({s: abs(x[s] - y[s]) for s in ULP_STATISTICS})
     return {s: float(max(d[s] for d in diffs)) for s in ULP_STATISTICS}
 
@@ -135,7 +138,7 @@ def _one_group(ulp: np.ndarray, rel: np.ndarray) -> dict:
     # each statistic's sampling noise: the largest |difference| of the statistic between the two halves of the
     # group's elements over SPLITS interleaved splits (even/odd elements, pairs, fours, ...) — one split's
     # difference alone can land near zero by chance, and a tail quantile's noise keeps a band of near-copies honest
-    stats["noise"] = _split_noise(a)
+    stats["noise"] = split_noise(a)
     rq = _quantiles(np.abs(rel[np.isfinite(rel)]))
     stats["rel"] = {s: rq[s] for s in ("median", "p99", "max")}
     return stats
@@ -465,7 +468,7 @@ def pair_verdict(a: RunVerdict, b: RunVerdict, tolerance: Tolerance | None = Non
 
 
 __all__ = ["ULP_STATISTICS", "QUANTILES", "BF16_MANTISSA", "BF16_MIN_NORMAL_EXP", "BIAS", "BIAS_SIGMAS", "ALL",
-           "as_float64", "round_bf16", "bf16_ulp", "errors",
+           "as_float64", "split_noise", "round_bf16", "bf16_ulp", "errors",
            "error_stats", "Band", "Departure", "RunVerdict", "judge_run", "judge_runs", "bf16_ordered", "Tolerance",
            "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "ROUTING", "flip_limit", "judge_flips", "judge"]
 

@@ -74,29 +74,13 @@ def _quantiles(a: torch.Tensor) -> dict[str, float]:
     return dict(zip(rule.ULP_STATISTICS, _percentiles(a, [rule.QUANTILES[s] for s in rule.ULP_STATISTICS])))
 
 
-def _split_noise(a: torch.Tensor) -> dict[str, float]:
-    n = a.numel()
-    if n < 2:
-        return {s: float("inf") for s in rule.ULP_STATISTICS}
-    diffs = []
-    for j in range(rule.SPLITS):
-        block = 1 << j
-        m = n - n % (2 * block)
-        if m < 2:
-            break
-        pairs = a[:m].reshape(-1, 2, block)
-        x, y = _quantiles(pairs[:, 0].reshape(-1)), _quantiles(pairs[:, 1].reshape(-1))
-        diffs.append({s: abs(x[s] - y[s]) for s in rule.ULP_STATISTICS})
-    return {s: float(max(d[s] for d in diffs)) for s in rule.ULP_STATISTICS}
-
-
 def _one_group(ulp: torch.Tensor, rel: torch.Tensor) -> dict:
     a = ulp.abs()
     n = int(a.numel())
     stats = {"n": n, **_quantiles(a)}
     stats["mean"] = float(ulp.mean()) if n else float("nan")
     stats["mean_se"] = float(ulp.std(correction=1) / math.sqrt(n)) if n > 1 else float("inf")
-    stats["noise"] = _split_noise(a)
+    stats["noise"] = rule.split_noise(a, _quantiles)
     rq = _quantiles(rel[torch.isfinite(rel)].abs())
     stats["rel"] = {s: rq[s] for s in ("median", "p99", "max")}
     return stats
