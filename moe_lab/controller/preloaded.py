@@ -165,11 +165,10 @@ class PreloadServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
-        for f in (self.proc.stdout,):
-            try:
-                f.close()
-            except OSError:
-                pass
+        try:
+            self.proc.stdout.close()
+        except OSError:
+            pass
 
 
 class ForkedEngine:
