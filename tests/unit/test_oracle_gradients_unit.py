@@ -259,6 +259,9 @@ def test_each_run_against_the_first_gets_its_gap_and_the_tolerance_a_test_needs(
         rec = next(r for r in recs if r["run_name"] == s)
         for g in SIZES:
             assert f"{gf.PAIR_GROUPS[g]}: {rule.Tolerance(**rec['pair']['gaps'][g]).words()}" in f.claim
+        first = f.evidence.counts[0]  # what a comparison of two reports shows: the expert gradients' bits
+        assert (first.n, first.of) == (rec["pair"]["gaps"]["experts"]["differ"], rec["pair"]["gaps"]["experts"]["n"])
+        assert first.what == f"expert-gradient elements differing, {s} vs ep1"
     bug = pairs["ep2 + planted expert_dp"]
     assert bug.status == FAIL and "not explained by rounding — ep2 + planted expert_dp departs" in bug.claim
     # the expert gradients of the planted run are twice the truth: its gap to ep1 there is far wider than a layout's

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from ...findings.common import groups, guarded
-from ...findings.model import FAIL, MIXED, NA, PASS, Evidence, Finding, case_keys, commits_of
+from ...findings.model import FAIL, MIXED, NA, PASS, Count, Evidence, Finding, case_keys, commits_of
 from ...findings.model import subject_of as _subject_of
 from ...layout import Layout
 from . import rule
@@ -32,6 +32,8 @@ Q_PAIR = "gradient gap between two runs"
 PAIR_GROUPS = {"input": "input gradient", "output": "output", "router": "router gradient",
                "experts": "expert gradients"}
 """The tensors of a pair's gap (`gradients.pair_with_first`), as a reader calls them."""
+PAIR_ELEMENTS = {"input": "input-gradient elements", "output": "output elements",
+                 "router": "router-gradient elements", "experts": "expert-gradient elements"}
 GRADIENT_PARTS = {"input gradient": ("input.",), "weight gradients": ("router.", "experts.")}
 """What one step's verdict judges, part by part: the groups (by prefix) of each part."""
 TRAJECTORY_PARTS = {"weights": ("weights.router.all", "weights.experts.all"),
@@ -192,8 +194,12 @@ def _pairs(runs: dict[str, dict], ok: dict[str, bool | None], subj: dict) -> lis
             status = PASS
             head = "expected (both inside the band of the known-correct runs); the gap a test of the two needs"
         rel = [r] + ([runs[b]] if b in runs else [])
+        # the bits that differ, tensor by tensor (the expert gradients first: where layouts part), each with its
+        # denominator — what a comparison of two reports holds side by side
+        counts = [Count(gaps[g].differ, gaps[g].n, f"{PAIR_ELEMENTS.get(g, g + ' elements')} differing, {n} vs {b}")
+                  for g in sorted(order, key=lambda g: g != "experts")]
         out.append(Finding(GRADIENTS, Q_PAIR, {**subj, "run": n}, status, f"{n} vs {b}: {head} — {gap}",
-                           Evidence(records=case_keys(rel)), commits=commits_of(rel)))
+                           Evidence(records=case_keys(rel), counts=counts), commits=commits_of(rel)))
     return out
 
 
