@@ -245,14 +245,13 @@ def compare_state(run: dict, truth: dict, groups, seed: int, *, prefix: str = ""
     stats, scale, fps, tnorm, sketch = {}, {}, {}, {}, {}
     for g in groups:
         a, t = run[g], truth[g]
-        labels = run["experts_labels"] if g == "experts" and per_expert else None
-        stats.update(rule_torch.error_stats(a.to(dev), t.to(dev), None if labels is None else labels.to(dev),
-                                            prefix=f"{prefix}{g}."))
-        a64, t64 = a.detach().to(dev, torch.float64), t.detach().to(dev, torch.float64)
+        a_dev, t_dev = a.detach().to(dev), t.detach().to(dev)  # each tensor copied to the device once
+        lab = run["experts_labels"].to(dev) if g == "experts" and per_expert else None
+        stats.update(rule_torch.error_stats(a_dev, t_dev, lab, prefix=f"{prefix}{g}."))
+        a64, t64 = a_dev.to(torch.float64), t_dev.to(torch.float64)
         tt = float(t64 @ t64)
         scale[f"{prefix}{g}.all"] = float(a64 @ t64) / tt if tt else None
-        if labels is not None:
-            lab = labels.to(dev)
+        if lab is not None:
             for e in sorted(set(torch.unique(lab).tolist())):
                 m = lab == e
                 te = float(t64[m] @ t64[m])
@@ -322,10 +321,9 @@ def pair_with_first(payload: dict, whole: dict) -> dict:
     dev = STATE.get("torch_device", "cpu")
     if first is not None and first["ctx"] == ctx:
         return {"with": first["name"],
-                "gaps": {g: rule_torch.pair_gap(whole[g].to(dev), first["whole"][g].to(dev)).asdict()
-                         for g in GROUPS}}
-    if kn["mistake"] == "none" and not kn["run"]:
-        STATE[FIRST] = {"ctx": ctx, "name": kn["run_name"], "whole": {g: whole[g] for g in GROUPS}}
+                "gaps": {g: rule_torch.pair_gap(whole[g].to(dev), first["whole"][g]).asdict() for g in GROUPS}}
+    if kn["mistake"] == "none" and not kn["run"]:  # kept on the device: copied there once, not once a pair
+        STATE[FIRST] = {"ctx": ctx, "name": kn["run_name"], "whole": {g: whole[g].to(dev) for g in GROUPS}}
         return {"with": None, "first": True, "reason": "the first correct run: the runs after it are paired with it"}
     return {"with": None, "reason": "no correct run of this layer and batch was measured before it by these engines "
                                     "(a resumed report reuses that run's record; its tensors are not kept)"}
