@@ -11,10 +11,10 @@ It talks to the controller over its stdin and stdout, one JSON object a line: fi
 it forked and writes each exit code (negative: the signal that ended it) to EXITS/<pid>: that is how the controller
 says how an engine ended. It exits when its stdin closes (the controller stopped the cluster, or died).
 
-Forking is safe because nothing here computes before the fork: no OpenMP pool, no CUDA context (checked after the
-imports), no thread of ours. Each engine reseeds Python's and numpy's global generators, as a fresh process starts
-with its own, and names itself ENGINE_NAME (its command line is the server's, so `controller.processes` knows an
-engine by that name).
+Forking is safe because nothing here computes before the fork: no OpenMP pool, no CUDA context and no call of the
+CUDA runtime (both checked after the imports), no thread of ours. Each engine reseeds Python's and numpy's global
+generators, as a fresh process starts with its own, and names itself ENGINE_NAME (its command line is the server's,
+so `controller.processes` knows an engine by that name).
 """
 
 from __future__ import annotations
@@ -54,17 +54,45 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)  # nothing to finalise: torch's and megatron-core's exit handlers would only cost the stop time
 
 
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""Set during the server's imports: torch.cuda.is_available() then counts GPUs through NVML instead of the CUDA
+runtime, whose first call forbids CUDA in every process forked afterwards (megatron-core's imports ask)."""
+
+
 def _preload(prepare: dict) -> float:
     t0 = time.perf_counter()
     from . import dist
 
-    dist.prepare(**{**prepare, "extra_path": tuple(prepare.get("extra_path") or ())})
-    import ipyparallel.engine.app  # noqa: F401 - the engine application every fork runs
+    before = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"
+    try:
+        dist.prepare(**{**prepare, "extra_path": tuple(prepare.get("extra_path") or ())})
+        import ipyparallel.engine.app  # noqa: F401 - the engine application every fork runs
+    finally:  # the engines ask the CUDA runtime as a process of their own would
+        if before is None:
+            os.environ.pop(NVML_CHECK, None)
+        else:
+            os.environ[NVML_CHECK] = before
     import torch
 
     if torch.cuda.is_initialized():
         raise RuntimeError("an import initialised CUDA; a forked engine could not use it")
+    if torch.version.cuda and fork_forbids_cuda():
+        raise RuntimeError("an import called the CUDA runtime (e.g. torch.cuda.device_count() without NVML); a "
+                           "forked engine could not use CUDA")
     return time.perf_counter() - t0
+
+
+def fork_forbids_cuda() -> bool:
+    """Whether a process forked now could not use CUDA (torch marks such a fork 'bad' once this process has called
+    the CUDA runtime, which torch.cuda.is_initialized() does not show): asked of a child forked for the purpose."""
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def _reply(obj: dict) -> None:

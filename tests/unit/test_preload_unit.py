@@ -78,3 +78,30 @@ def test_the_server_is_told_what_an_engine_prepares():
     cfg = ClusterConfig(device="cpu", extra_path=("/r",), env={"X": "1"}, deterministic=True)
     assert json.loads(json.dumps(preloaded.prepare_of(cfg))) == {
         "device": "cpu", "extra_path": ["/r"], "env": {"X": "1"}, "deterministic": True}
+
+
+def test_a_fork_that_could_not_use_cuda_is_told_apart_from_one_that_could(monkeypatch):
+    """torch marks a fork 'bad' for CUDA once the parent called the CUDA runtime; the server asks a child it forks.
+    Both answers are planted (this CPU build never marks a fork), each must come back."""
+    import torch
+
+    from moe_lab.engine import preload
+
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    assert preload.fork_forbids_cuda() is False
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    assert preload.fork_forbids_cuda() is True
+
+
+def test_the_servers_imports_count_gpus_through_nvml_and_leave_the_engines_setting_as_it_was(monkeypatch):
+    from moe_lab.engine import preload
+
+    seen = {}
+    monkeypatch.setattr(dist, "prepare", lambda **kw: seen.setdefault("during", preload.os.environ.get(
+        preload.NVML_CHECK)))
+    monkeypatch.delenv(preload.NVML_CHECK, raising=False)
+    preload._preload({"device": "cpu"})
+    assert seen["during"] == "1" and preload.NVML_CHECK not in preload.os.environ
+    monkeypatch.setenv(preload.NVML_CHECK, "0")
+    preload._preload({"device": "cpu"})
+    assert preload.os.environ[preload.NVML_CHECK] == "0"
