@@ -53,7 +53,8 @@ for step in ${STEPS//,/ }; do
   if [[ $step == report:* ]]; then
     only=${step#report:}; only=${only//+/,}
     start=$(date +%s)
-    python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$REPORT_DIR" -p wheels="$PWD/.whl/releases" \
+    wheels=(); [[ -d .whl/releases ]] && wheels=(-p wheels="$PWD/.whl/releases")
+    python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$REPORT_DIR" "${wheels[@]}" \
       ${REPORT_ARGS:-} 2>&1 | quiet | tail -8
     echo "report $only: $(( $(date +%s) - start )) s"
   fi
