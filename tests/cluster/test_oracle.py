@@ -71,3 +71,15 @@ def test_the_fp64_truth_is_the_same_under_every_layout(record):
     # the control: the same comparison sees the bf16 runs' distance to the truth
     assert all(r["stats"]["out/all"]["max"] > 1 for r in record["runs"])
     assert next(f for f in found.findings([record]) if f.question == found.TRUTH).status == PASS
+
+
+def test_a_capacity_drop_routes_tokens_to_fewer_experts_and_no_correct_layout_does(record):
+    """Rounding reorders router scores; it never changes how many experts a token goes to. The drop does, and that
+    is where its verdict first departs (before any margin); every correct layout counts zero such tokens."""
+    from moe_lab.questions.oracle import rule
+
+    verdicts = found.judged(record)
+    drops = [r for r in record["runs"] if r["fault"] == "capacity_drop"]
+    assert drops and all(r["flips"]["count_changed"] > 0 for r in drops)
+    assert all(verdicts[r["label"]].first.statistic == rule.COUNT for r in drops)
+    assert all(r["flips"]["count_changed"] == 0 for r in record["runs"] if r["fault"] != "capacity_drop")

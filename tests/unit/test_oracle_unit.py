@@ -374,3 +374,29 @@ def test_the_engines_pair_gap_is_the_rules(seed, n, kind):
     i = int(torch.argmax(b.abs()))
     wider[i] = wider[i] * 2 + 1
     assert rule_torch.pair_gap(wider, b) != want
+
+
+def test_tokens_routed_to_fewer_experts_are_not_rounding_at_any_margin(reorderings):
+    """A capacity drop routes a token to fewer experts than the truth; rounding only reorders a token's scores. The
+    dropped tokens' margins are planted small (what a flip by rounding has), so the flip rule alone passes them: the
+    count must catch them. Controls: the same run with its count equal to the band's is in band; a band whose
+    correct runs differ in count widens the limit; a record without counts is not judged on them."""
+    truth, runs = reorderings
+    stats = {f"r{i}": rule.error_stats(r, truth, prefix="router.logits/") for i, r in enumerate(runs)}
+    stats["dropped"] = stats["r1"]
+    limit = rule.flip_limit(stats, "router.logits/all")
+    small = {"dropped": [limit * 0.25] * 3}
+    known = [k for k in stats if k != "dropped"]
+    caught = rule.judge_runs(stats, known, flipped_margins=small,
+                             routed_counts={**{k: 0 for k in known}, "dropped": 3})
+    assert not caught["dropped"].in_band and caught["dropped"].first.statistic == rule.COUNT
+    assert "3 tokens routed to another number of experts" in caught["dropped"].first.words()
+    assert caught["dropped"].excess_words() == ""  # no ratio to a band of zero
+    assert all(caught[k].in_band for k in known)
+    same = rule.judge_runs(stats, known, flipped_margins=small, routed_counts={k: 0 for k in stats})
+    assert same["dropped"].in_band
+    wide = rule.judge_runs(stats, known, routed_counts={"r0": 0, "r1": 2, "r2": 0, "r3": 1, "dropped": 3})
+    assert wide["dropped"].in_band  # limit 2 + (2 - 0) = 4
+    unknown = rule.judge_runs(stats, known, flipped_margins=small,
+                              routed_counts={**{k: None for k in known}, "dropped": 3})
+    assert unknown["dropped"].in_band

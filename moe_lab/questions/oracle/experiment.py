@@ -210,6 +210,7 @@ def _measure(stages: dict, truth: dict, k: int) -> dict:
     t_map, r_map = truth["router.routing_map"].bool(), stages["router.routing_map"].bool()
     tokens = t_map.shape[0]
     flipped = (t_map != r_map).any(dim=1)
+    count_changed = int((t_map.sum(dim=1) != r_map.sum(dim=1)).sum())
     kept = ~flipped
     lg = truth["router.logits"].reshape(tokens, -1).to(torch.float64).cpu()
     top = torch.sort(lg, dim=1, descending=True).values
@@ -227,7 +228,7 @@ def _measure(stages: dict, truth: dict, k: int) -> dict:
                                         keep=kept.repeat_interleave(hidden)))
     flipped, kept, r_map = flipped.cpu(), kept.cpu().numpy(), r_map.cpu()
     return {"stats": stats,
-            "flips": {"tokens": tokens, "flipped": int(flipped.sum()),
+            "flips": {"tokens": tokens, "flipped": int(flipped.sum()), "count_changed": count_changed,
                       "flipped_margin_ulp": [float(m) for m in margin[~kept]],
                       "flipped_topk": {str(int(t)): r_map[t].nonzero().reshape(-1).tolist()
                                        for t in flipped.nonzero().reshape(-1)},

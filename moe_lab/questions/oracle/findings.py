@@ -29,7 +29,8 @@ def judged(rec: dict) -> dict[str, rule.RunVerdict]:
     same = {r["label"]: [o["label"] for o in runs if not o.get("fault") and o["layout"] == r["layout"]
                          and o.get("dispatcher") == r.get("dispatcher")] for r in runs if not r.get("fault")}
     flips = {r["label"]: r["flips"]["flipped_margin_ulp"] for r in runs}
-    return rule.judge_runs(stats, known_good=good, flipped_margins=flips, leave_out=same)
+    counts = {r["label"]: r["flips"].get("count_changed") for r in runs}
+    return rule.judge_runs(stats, known_good=good, flipped_margins=flips, leave_out=same, routed_counts=counts)
 
 
 def pair_of(rec: dict, a: str, b: str) -> dict | None:
@@ -65,10 +66,15 @@ def _fault_words(run: dict, v: rule.RunVerdict) -> str:
         if v.in_band:
             return (f"{what}, one expert's weights scaled by {scale} before bf16 rounding: within the band — below "
                     f"what rounding lets the oracle see (neither caught nor missed)")
-        return f"{what}: out of band, {v.excess():.3g}x its limit — seen although planted below rounding: {v.first.words()}"
+        return f"{what}: out of band{_by(v)} — seen although planted below rounding: {v.first.words()}"
     if v.in_band:
         return f"{what}: NOT caught — every group and statistic within the band"
-    return f"{what}: not explained by rounding, {v.excess():.3g}x its limit; first departs at {v.first.words()}"
+    return f"{what}: not explained by rounding{_by(v)}; first departs at {v.first.words()}"
+
+
+def _by(v: rule.RunVerdict) -> str:
+    how = v.excess_words()
+    return f", {how}" if how else ""
 
 
 def topk_differences(a: dict, b: dict) -> set[int]:
@@ -121,7 +127,7 @@ def _one(rec: dict) -> list[Finding]:
             worst = max(out_of_band, key=lambda r: verdicts[r["label"]].excess())
             status = FAIL
             head = (f"not explained by rounding: {', '.join(names)} measurably farther from the fp64 truth than the "
-                    f"other layouts ({worst['label']}: {verdicts[worst['label']].excess():.3g}x its limit; first departs "
+                    f"other layouts ({worst['label']}{_by(verdicts[worst['label']])}; first departs "
                     f"at {verdicts[worst['label']].first.words()})")
             short = f"no — {', '.join(names)} out of band"
         elif missed:

@@ -19,7 +19,8 @@ class OracleRecord(Body):
     runs: list
     """Per run (each layout x trial, each planted fault): label, layout, fault, trial, `stats` (group → the rule's
     statistics: router.logits/…, router.probs/… on the truth's routed entries, out/… whole and per expert's tokens,
-    flipped tokens left out) and `flips` (tokens whose top-k set differs from the truth's, their margins in ULP)."""
+    flipped tokens left out) and `flips` (tokens whose top-k set differs from the truth's, their margins in ULP, and
+    `count_changed`: tokens routed to another number of experts than the truth's)."""
     pairs: list
     """Per pair of runs: a, b and `rule.pair_gap`'s fields (bits differing of n, |A-B| in ULP and absolute, atol/rtol)."""
     fp64_layouts: dict

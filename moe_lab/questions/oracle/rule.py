@@ -20,7 +20,9 @@ run of C (its band is the others'). A run is out of band where
 band where the mean signed error is farther than 4 standard errors outside [lo - w, hi + w] of C's means (w = hi -
 lo) and itself more than 4 standard errors from zero. A token whose top-k set differs from the truth's is out of
 band where its margin (k-th minus (k+1)-th router score of the truth, in ULP) exceeds twice the band's limit on the
-max |error| of the router scores (`flip_limit`). A band needs two distinct computations (bitwise reruns are one);
+max |error| of the router scores (`flip_limit`); and where more of its tokens go to another number of experts than
+the truth routes them to than the known-correct runs do (`judge_counts`: rounding never changes that number, a
+capacity drop does). A band needs two distinct computations (bitwise reruns are one);
 with fewer, the run is not judged — and so is each group whose band runs all computed it alike (equal statistics:
 one computation of that group, e.g. a tensor that only the judged layout reduces in another order), which its verdict
 lists (`unjudged_groups`). A run out of band anywhere is "not explained by rounding"
@@ -34,7 +36,7 @@ torch tensor too) and on the plain dicts a record carries.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -206,6 +208,10 @@ class Departure:
     """For a bias: how many standard errors the mean lies outside the widened band (None for a ULP quantile)."""
 
     def words(self) -> str:
+        if self.statistic == COUNT:
+            return (f"routing: {self.value:,.0f} tokens routed to another number of experts than the truth routes them "
+                    f"to (rounding reorders a token's router scores, never how many experts it goes to; the "
+                    f"known-correct runs: {self.band.lo:,.0f}–{self.band.hi:,.0f} such tokens)")
         if self.statistic == FLIP:
             return (f"routing: a token's top-k set differs from the truth's at a margin of {self.value:.3g} ULP, beyond "
                     f"the {self.band.limit:.3g} ULP two router scores can move by the known-correct runs' rounding")
@@ -235,10 +241,19 @@ class RunVerdict:
     def first(self) -> Departure | None:
         return self.departures[0] if self.departures else None
 
+    def _ratios(self) -> list[float]:
+        return [d.value / d.band.limit for d in self.departures
+                if d.statistic not in (BIAS, COUNT) and d.band.limit > 0]
+
     def excess(self) -> float:
         """How far the worst ULP departure lies past its limit, as a ratio value / limit (1.0 when in band)."""
-        r = [d.value / d.band.limit for d in self.departures if d.statistic != BIAS and d.band.limit > 0]
-        return max(r, default=1.0)
+        return max(self._ratios(), default=1.0)
+
+    def excess_words(self) -> str:
+        """`excess` as words ("51.2x its limit"), or "" where no departure has a ratio (a bias, or tokens routed to
+        another number of experts, whose known-correct band is zero)."""
+        r = self._ratios()
+        return f"{max(r):.3g}x its limit" if r else ""
 
     def asdict(self) -> dict:
         return asdict(self)
@@ -319,21 +334,45 @@ def judge_flips(run_verdict: RunVerdict, flipped_margins: Sequence[float], limit
         return run_verdict
     d = Departure(group=ROUTING, statistic=FLIP, value=worst, band=Band(lo=limit, hi=limit, noise=0.0,
                                                                         runs=run_verdict.band_runs))
-    return RunVerdict(run=run_verdict.run, in_band=False, departures=(d, *run_verdict.departures),
-                      band_runs=run_verdict.band_runs, judged=run_verdict.judged)
+    return replace(run_verdict, in_band=False, departures=(d, *run_verdict.departures))
+
+
+COUNT = "experts per token"
+"""The other statistic of the routing group: tokens routed to another number of experts than the truth routes them
+to. Rounding can reorder a token's router scores, never change how many experts the token goes to; a capacity drop
+does, and at any margin."""
+
+
+def judge_counts(run_verdict: RunVerdict, count: int | None, band_counts: Sequence[int | None]) -> RunVerdict:
+    """`run_verdict` with a routing departure added where more of its tokens go to another number of experts than
+    the truth's than the known-correct runs' range allows (its top plus its width, as any band): zero where every
+    known-correct run routes each token to as many experts as the truth does. Not judged without a count (a record
+    that holds none) or with fewer than two known-correct counts."""
+    counts = [c for c in band_counts if c is not None]
+    if count is None or len(counts) < 2:
+        return run_verdict
+    b = _band(counts, [0.0], run_verdict.band_runs)
+    if count <= b.limit:
+        return run_verdict
+    d = Departure(group=ROUTING, statistic=COUNT, value=float(count), band=b)
+    return replace(run_verdict, in_band=False, departures=(d, *run_verdict.departures))
 
 
 def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
                known_good: Iterable[str] | None = None, *,
                flipped_margins: Mapping[str, Sequence[float]] | None = None,
                scores_group: str = "router.logits/all",
-               leave_out: Mapping[str, Iterable[str]] | None = None) -> dict[str, RunVerdict]:
+               leave_out: Mapping[str, Iterable[str]] | None = None,
+               routed_counts: Mapping[str, int | None] | None = None) -> dict[str, RunVerdict]:
     """Every run judged against the known-correct set C (`known_good`, default: every run): a run of C against the
     others of C (leave-one-out), any other run against all of C. Returns run name → `RunVerdict`, in the given order.
 
     `flipped_margins`: per run, the truth's margins (ULP) of its tokens whose top-k set differs from the truth's;
     judged against `flip_limit` of its band's `scores_group` (a routing departure comes first: routing precedes the
     expert outputs).
+
+    `routed_counts`: per run, its tokens routed to another number of experts than the truth routes them to (None:
+    not counted); judged against the band's counts (`judge_counts`), before the flips.
 
     `leave_out`: per run, more runs its band leaves out besides itself — e.g. a layout's own reruns, so that a layout
     is held to the other layouts and not to copies of itself."""
@@ -350,6 +389,8 @@ def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
         v = judge_run(n, stats_by_run[n], others)
         if flipped_margins and v.judged:
             v = judge_flips(v, flipped_margins.get(n, ()), flip_limit(others, scores_group))
+        if routed_counts and v.judged:
+            v = judge_counts(v, routed_counts.get(n), [routed_counts.get(k) for k in others])
         out[n] = v
     return out
 
@@ -461,16 +502,18 @@ def pair_verdict(a: RunVerdict, b: RunVerdict, tolerance: Tolerance | None = Non
     if not bad:
         return PairVerdict(a.run, b.run, expected=True, tolerance=tolerance,
                            why="both within the known-correct runs' bands in every group and statistic")
-    why = "; ".join(f"{v.run} is farther from the truth than the known-correct runs (worst ULP statistic "
-                    f"{v.excess():.3g}x its limit; {len(v.departures)} group statistic(s) out of band); first "
-                    f"departs at {v.first.words()}" for v in bad)
+    why = "; ".join(f"{v.run} is farther from the truth than the known-correct runs ("
+                    + (f"worst ULP statistic {v.excess_words()}; " if v.excess_words() else "")
+                    + f"{len(v.departures)} group statistic(s) out of band); first departs at {v.first.words()}"
+                    for v in bad)
     return PairVerdict(a.run, b.run, expected=False, tolerance=tolerance, why=why, farther=tuple(v.run for v in bad))
 
 
 __all__ = ["ULP_STATISTICS", "QUANTILES", "BF16_MANTISSA", "BF16_MIN_NORMAL_EXP", "BIAS", "BIAS_SIGMAS", "ALL",
            "as_float64", "split_noise", "round_bf16", "bf16_ulp", "errors",
            "error_stats", "Band", "Departure", "RunVerdict", "judge_run", "judge_runs", "bf16_ordered", "Tolerance",
-           "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "ROUTING", "flip_limit", "judge_flips", "judge"]
+           "pair_gap", "PairVerdict", "pair_verdict", "FLIP", "COUNT", "ROUTING", "flip_limit", "judge_flips",
+           "judge_counts", "judge"]
 
 
 def _bf16_values(x, name: str) -> np.ndarray:
