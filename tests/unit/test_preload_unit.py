@@ -16,8 +16,8 @@ from moe_lab.engine.preload import ENGINE_NAME, MARK
 @pytest.mark.parametrize("cfg,env,want", [
     (ClusterConfig(device="cpu"), None, sys.platform == "linux"),
     (ClusterConfig(device="cpu"), "0", False),
-    (ClusterConfig(device="cuda"), None, False),  # a GPU node has the cores to import in parallel
-    (ClusterConfig(device="cuda"), "1", sys.platform == "linux"),
+    (ClusterConfig(device="cuda"), None, sys.platform == "linux"),
+    (ClusterConfig(device="cuda"), "0", False),
     (ClusterConfig(device="cpu", launcher="ssh"), "1", False),  # engines on other hosts: not forked here
     (ClusterConfig(device="cpu", launcher_options={"engine_cmd": ["my-engine"]}), "1", False),
 ])
