@@ -146,8 +146,11 @@ HEADER = {"kind": "oracle", "experiment": "oracle", "notebook": "08", "dispatche
 LAYOUTS = ("ep1", "ep4", "tp2,ep2")
 
 
-def _record(truth, runs_by_label: dict, faults: dict[str, str], flips: dict | None = None) -> dict:
-    """A record as the experiment writes it, from constructed outputs: label → (layout, fault, trial, output)."""
+def _record(truth, runs_by_label: dict, faults: dict[str, str], flips: dict | None = None,
+            counts: dict | None = None) -> dict:
+    """A record as the experiment writes it, from constructed outputs: label → (layout, fault, trial, output);
+    `counts`: label → tokens routed to another number of experts than the truth's (absent: not counted, as in a
+    record written before the count; given: every other run counts 0)."""
     runs = []
     for label, (layout, fault, trial, out) in runs_by_label.items():
         runs.append({"label": label, "dispatcher": "allgather", "layout": layout, "fault": fault, "trial": trial,
@@ -157,7 +160,8 @@ def _record(truth, runs_by_label: dict, faults: dict[str, str], flips: dict | No
                      "flips": {"tokens": 256, "flipped": len((flips or {}).get(label, [])),
                                "flipped_margin_ulp": list((flips or {}).get(label, [])),
                                "margin_ulp_quantiles": {"min": 0.5, "p1": 2.0, "median": 100.0},
-                               "margin_ulp_below": {}}})
+                               "margin_ulp_below": {},
+                               **({"count_changed": counts.get(label, 0)} if counts is not None else {})}})
     outs = {k: v[3] for k, v in runs_by_label.items()}
     ref = next(k for k, v in runs_by_label.items() if v[0] == "ep1" and v[2] == 1)
     pairs = [{"a": ref, "b": k, **rule.pair_gap(outs[ref], outs[k]).asdict()} for k in outs if k != ref]
@@ -165,7 +169,8 @@ def _record(truth, runs_by_label: dict, faults: dict[str, str], flips: dict | No
             "faults": list(faults), "trials": 2, "runs": runs, "pairs": pairs, "fp64_layouts": {}, "truth": {}}
 
 
-def _story(reorderings, *, layout_bias: dict | None = None, fault_ulps: dict | None = None, flips=None):
+def _story(reorderings, *, layout_bias: dict | None = None, fault_ulps: dict | None = None, flips=None,
+           counts=None):
     truth, outs = reorderings
     runs = {}
     for i, lay in enumerate(LAYOUTS):
@@ -178,7 +183,7 @@ def _story(reorderings, *, layout_bias: dict | None = None, fault_ulps: dict | N
     for f, ulps in (fault_ulps or {"swap_experts": 40, "scale_expert": 0}).items():
         runs[f"allgather ep4 + {f}"] = ("ep4", f, 1, _plus_ulps(outs[1], truth, ulps, slice(0, 128)) if ulps
                                         else outs[3])
-    return _record(truth, runs, faults, flips)
+    return _record(truth, runs, faults, flips, counts)
 
 
 def test_the_usual_story_expected_with_its_tolerance_and_the_faults_caught(reorderings):
@@ -213,13 +218,28 @@ def test_a_flip_at_a_large_margin_on_a_layout_is_a_routing_departure(reorderings
     assert next(f for f in ok if f.question == found.QUESTION).status == PASS
 
 
+def test_a_fault_that_drops_tokens_at_near_ties_is_caught_by_the_count_and_not_without_it(reorderings):
+    """Its outputs within the band and its flips at margins a rounding flip can have — what a capacity drop looked
+    like on a 128-expert preset — the fault is caught by its tokens routed to fewer experts; the same record
+    without counts (an older record) says it was not caught, as before."""
+    near = {"allgather ep4 + swap_experts": [0.1, 0.2]}
+    plain = {"fault_ulps": {"swap_experts": 0, "scale_expert": 0}, "flips": near}
+    card = next(f for f in found.findings([_story(reorderings, counts={"allgather ep4 + swap_experts": 2}, **plain)])
+                if f.question == found.QUESTION)
+    assert card.status == PASS and "2 tokens routed to another number of experts" in card.claim
+    assert "x its limit" not in card.claim.split("swap_experts")[1].split(";")[0]  # no ratio to a band of zero
+    old = next(f for f in found.findings([_story(reorderings, **plain)]) if f.question == found.QUESTION)
+    assert old.status == MIXED and "swap_experts: NOT caught" in old.claim
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bias=st.dictionaries(st.sampled_from(LAYOUTS), st.sampled_from([0, 0, 1, 4])),
-       swap=st.sampled_from([0, 2, 40]))
-def test_the_words_follow_the_rules_verdicts(reorderings, bias, swap):
+       swap=st.sampled_from([0, 2, 40]), dropped=st.sampled_from([None, 0, 3]))
+def test_the_words_follow_the_rules_verdicts(reorderings, bias, swap, dropped):
     """Whatever the runs measure, the card's status and words are the rule's verdicts run by run: a layout out of
     band is named (FAIL), a control in band is said not caught (MIXED), otherwise expected (PASS)."""
-    rec = _story(reorderings, layout_bias=bias, fault_ulps={"swap_experts": swap, "scale_expert": 0})
+    counts = None if dropped is None else {"allgather ep4 + swap_experts": dropped}
+    rec = _story(reorderings, layout_bias=bias, fault_ulps={"swap_experts": swap, "scale_expert": 0}, counts=counts)
     verdicts = found.judged(rec)
     card = next(f for f in found.findings([rec]) if f.question == found.QUESTION)
     bad = sorted({r["layout"] for r in rec["runs"] if not r["fault"] and not verdicts[r["label"]].in_band})
