@@ -22,13 +22,16 @@ $(VENV)/.moe_lab-ready: pyproject.toml
 reports: setup
 	$(BIN)/moe-lab run $(ARGS)
 
-# Tests: the unit tier on every core (pytest-xdist), then the cluster (4 gloo engines) and notebook tiers one test at a
-# time (they start engines, break them and time them); GPU tests skip without GPUs. Both runs go whatever the first
-# says; a run that selects no test (-k) is not a failure.
+# Tests: the unit tier on every core (pytest-xdist), then the cluster (4 gloo engines) and notebook tiers two test
+# files at a time: most of their time is spent waiting (timeouts, heartbeats, engines starting), so two keep two cores
+# busy; a file stays on one worker (its module-scoped cluster is started once) and each test tells its own processes
+# apart from the other worker's. GPU tests skip without GPUs. Both runs go whatever the first says; a run that selects
+# no test (-k) is not a failure.
 UNIT_WORKERS ?= auto
+CLUSTER_WORKERS ?= 2
 test: setup
 	@rc=0; \
-	for tier in "-n $(UNIT_WORKERS) tests/unit" "tests/cluster tests/notebooks tests/gpu"; do \
+	for tier in "-n $(UNIT_WORKERS) tests/unit" "-n $(CLUSTER_WORKERS) --dist loadfile tests/cluster tests/notebooks tests/gpu"; do \
 		echo "== pytest $(PYTEST_ARGS) $$tier"; \
 		$(BIN)/python -m pytest $(PYTEST_ARGS) $$tier; r=$$?; \
 		if [ $$r -ne 0 ] && [ $$r -ne 5 ]; then rc=$$r; fi; \

@@ -147,7 +147,8 @@ def _dead_engine_probe(tmp_path, *flags, fault="kill", timeout_s=60):
     cmd = [sys.executable, str(script), fault, "--log", str(log), *flags, "probe", *SMALL, "--router-dtype",
            "none,fp32", "--json", "--timeout", str(timeout_s)]
     with open(err, "w") as stderr:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                             env={**os.environ, MARK: str(tmp_path)})
         try:
             out = [p.stdout.readline()]  # the first case's record: the second case (the fault) starts now
             t0 = time.monotonic()
@@ -166,7 +167,6 @@ def test_a_dead_engine_under_probe_is_one_line_exit_3_and_the_traceback_is_in_th
     """Rank 1's engine is SIGKILLed in the probe's second case: exit 3, one stderr line 'moe-lab probe: cluster fault:
     rank 1 (engine E, pid P) died during probe allgather/fp32 (killed by SIGKILL)', no traceback on stderr; the log
     file has the traceback; the first case's record is kept (its JSON line on stdout); no process of it is left."""
-    before = {p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmdline(p))}
     r, log, dt = _dead_engine_probe(tmp_path)
     print(f"TIME probe, engine of rank 1 SIGKILLed → exit 3: {dt:.1f} s after the first record\n{r.stderr}")
     assert r.returncode == 3, r.stderr[-3000:]
@@ -180,8 +180,25 @@ def test_a_dead_engine_under_probe_is_one_line_exit_3_and_the_traceback_is_in_th
     assert "ClusterError: rank 1 (engine" in logged
     records = [json.loads(ln) for ln in r.stdout.splitlines() if ln.strip()]
     assert [(x["dispatcher"], x["router_dtype"]) for x in records] == [("allgather", "none")]
-    left = [p.pid for p in psutil.process_iter() if "ipyparallel" in " ".join(_cmdline(p)) and p.pid not in before]
-    assert left == []
+    assert _left_of(tmp_path) == []
+
+
+MARK = "MOE_LAB_TEST_MARK"
+"""In the probe's environment, which every process it starts inherits (controller, preload server, engines): how
+this test tells its own processes from those of tests running beside it."""
+
+
+def _left_of(tmp_path) -> list[int]:
+    """The processes the probe marked with tmp_path that still run (zombies are ended, only not yet reaped)."""
+    time.sleep(0.5)
+    left = []
+    for q in psutil.process_iter(["pid"]):
+        try:
+            if q.pid != os.getpid() and q.environ().get(MARK) == str(tmp_path) and q.status() != psutil.STATUS_ZOMBIE:
+                left.append(q.pid)
+        except psutil.Error:
+            continue
+    return left
 
 
 @pytest.mark.cluster
