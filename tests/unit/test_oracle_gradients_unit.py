@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from moe_lab.engine.train import MISTAKES
 from moe_lab.findings.model import FAIL, MIXED, NA, PASS
-from moe_lab.questions.oracle import gradients_findings as gf, rule
+from moe_lab.questions.oracle import compare as cmp08, gradients_findings as gf, rule
 from moe_lab.questions.oracle.gradients_params import MISTAKE_NAMES, OracleTrainingParams
 
 SETTINGS = settings(max_examples=int(os.environ.get("MOE_LAB_HYPOTHESIS_EXAMPLES", 60)), deadline=None,
@@ -425,3 +425,20 @@ def test_params_are_read_where_the_profile_holds_them():
     assert params_of(config(Oracle(training=typed))) is typed
     with pytest.raises(ValueError, match="oracle.training"):  # the control: a bad value is refused by name
         params_of(config(Oracle(training={"steps": 0})))
+
+
+def test_two_reports_hold_each_runs_gradients_and_steps_side_by_side_with_a_magnitude():
+    """`moe-lab compare` of two gradient/trajectory stories: each run's row carries its expert gradients' p99 error
+    to fp64 on both sides, equal where the records are; the planted bug made four times worse on one side falls
+    outside the factor (the control); the cards over several runs carry none."""
+    from moe_lab.reporting.compare import compare
+
+    a = _story() + _trajectory_story()
+    b = _story() + _trajectory_story()
+    rows = [r for r in compare(a, b).rows if r["magnitude"] in (cmp08.GRADIENT_P99, cmp08.LAST_STEP_P99)]
+    assert len(rows) == 2 * 5 and all(r["magnitude_a"] == r["magnitude_b"] and r["within_factor"] for r in rows)
+    worse = _story() + _trajectory_story(bug=[(1.0, 8.0)] * 4)
+    worse[-6] = grad_record("ep2 + planted expert_dp", "ep2", mistake="expert_dp", factor=8.0, seed=9)
+    out = {(r["magnitude"], r["case"]): r for r in compare(a, worse).rows if r["magnitude"]}
+    bug = [r for (m, c), r in out.items() if "planted" in c and m in (cmp08.GRADIENT_P99, cmp08.LAST_STEP_P99)]
+    assert len(bug) == 2 and not any(r["within_factor"] for r in bug), bug
