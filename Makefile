@@ -22,16 +22,18 @@ $(VENV)/.moe_lab-ready: pyproject.toml
 reports: setup
 	$(BIN)/moe-lab run $(ARGS)
 
-# Tests: the unit tier on every core (pytest-xdist), then the cluster (4 gloo engines) and notebook tiers two test
-# files at a time: most of their time is spent waiting (timeouts, heartbeats, engines starting), so two keep two cores
-# busy; a file stays on one worker (its module-scoped cluster is started once) and each test tells its own processes
-# apart from the other worker's. GPU tests skip without GPUs. Both runs go whatever the first says; a run that selects
-# no test (-k) is not a failure.
+# Tests: the unit tier on every core (pytest-xdist); the cluster tier (4 gloo engines) two test files at a time: most
+# of its time is spent waiting (timeouts, heartbeats, engines starting), so two keep two cores busy; a file stays on one
+# worker (its module-scoped cluster is started once) and each test tells its own processes apart from the other
+# worker's; then the notebook tier (whole `moe-lab run`s, each with its kernels and its own cluster) and the GPU tests
+# (skipped without GPUs) one at a time. Every run goes whatever the others say; a run that selects no test (-k) is
+# not a failure.
 UNIT_WORKERS ?= auto
 CLUSTER_WORKERS ?= 2
 test: setup
 	@rc=0; \
-	for tier in "-n $(UNIT_WORKERS) tests/unit" "-n $(CLUSTER_WORKERS) --dist loadfile tests/cluster tests/notebooks tests/gpu"; do \
+	for tier in "-n $(UNIT_WORKERS) tests/unit" "-n $(CLUSTER_WORKERS) --dist loadfile tests/cluster" \
+			"tests/notebooks tests/gpu"; do \
 		echo "== pytest $(PYTEST_ARGS) $$tier"; \
 		$(BIN)/python -m pytest $(PYTEST_ARGS) $$tier; r=$$?; \
 		if [ $$r -ne 0 ] && [ $$r -ne 5 ]; then rc=$$r; fi; \
