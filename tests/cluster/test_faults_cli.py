@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from marked import still_running
 from moe_lab.records import SCHEMA
 
 CLI = [sys.executable, "-m", "moe_lab.cli"]
@@ -189,16 +190,8 @@ this test tells its own processes from those of tests running beside it."""
 
 
 def _left_of(tmp_path) -> list[int]:
-    """The processes the probe marked with tmp_path that still run (zombies are ended, only not yet reaped)."""
-    time.sleep(0.5)
-    left = []
-    for q in psutil.process_iter(["pid"]):
-        try:
-            if q.pid != os.getpid() and q.environ().get(MARK) == str(tmp_path) and q.status() != psutil.STATUS_ZOMBIE:
-                left.append(q.pid)
-        except psutil.Error:
-            continue
-    return left
+    """The processes the probe marked with tmp_path that still run."""
+    return still_running(MARK, str(tmp_path))
 
 
 @pytest.mark.cluster

@@ -12,6 +12,7 @@ import pytest
 
 from moe_lab.config import ClusterConfig
 from moe_lab.controller.cluster import Cluster, ClusterError
+from marked import still_running
 
 pytestmark = pytest.mark.cluster
 
@@ -65,18 +66,7 @@ def test_an_engine_dead_before_registering_is_named_in_seconds(how, said, start,
 
 def _left(mark: str) -> list:
     """Processes still running that were started with this test's fault environment (engines, nannies, controller)."""
-    import psutil
-
-    time.sleep(1.0)
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and p.environ().get("MOE_LAB_TEST_DIE_MARK") == mark and \
-                    p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except psutil.Error:
-            continue
-    return out
+    return still_running("MOE_LAB_TEST_DIE_MARK", mark, settle_s=1.0)
 
 
 @pytest.mark.parametrize("start", STARTS)
