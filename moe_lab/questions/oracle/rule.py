@@ -209,9 +209,10 @@ class Departure:
 
     def words(self) -> str:
         if self.statistic == COUNT:
+            band = (f"every known-correct run: {self.band.lo:,.0f}" if self.band.lo == self.band.hi else
+                    f"the known-correct runs: {self.band.lo:,.0f}–{self.band.hi:,.0f}")
             return (f"routing: {self.value:,.0f} tokens routed to another number of experts than the truth routes them "
-                    f"to (rounding reorders a token's router scores, never how many experts it goes to; the "
-                    f"known-correct runs: {self.band.lo:,.0f}–{self.band.hi:,.0f} such tokens)")
+                    f"to (rounding reorders a token's router scores, never how many experts it goes to; {band})")
         if self.statistic == FLIP:
             return (f"routing: a token's top-k set differs from the truth's at a margin of {self.value:.3g} ULP, beyond "
                     f"the {self.band.limit:.3g} ULP two router scores can move by the known-correct runs' rounding")
