@@ -1,11 +1,11 @@
 """Controller side: engines forked from a preload server (`engine.preload`) instead of each started as a fresh
 Python that imports torch and megatron-core again. On a CPU machine the engines of a cluster share a few cores, so
-those imports cost N times one import (about 4.5 s of CPU each with megatron-core 0.16); on a GPU node whose files
-are not yet in the page cache each engine reads them at once (a fresh H200 node: 17.7 s of imports and process
-group with engines of their own, 1.7 s forked). The server makes the imports once, while the controller starts, and
-an engine forked from it registers with its imports done; it never touches CUDA (`engine.preload` checks), so each
-engine makes its own context. It serves the cluster's
-engine starts for one configuration (release path, environment); a restart for another starts another server.
+those imports cost N times one import (about 4.5 s of CPU each with megatron-core 0.16); on a GPU node the engines
+make them all at once too (an H200 node: 15.9–17.7 s of imports and process group with engines of their own, 1.6–1.7
+s forked). The server makes the imports once, while the controller starts, and an engine forked from it registers
+with its imports done; the server never touches CUDA (`engine.preload` checks), so each engine makes its own
+context. It serves the cluster's engine starts for one configuration (release path, environment); a restart for
+another starts another server.
 
 Where it applies (`wanted`): local engines on Linux, CPU or GPU; MOE_LAB_PRELOAD=0 starts every engine as a process of
 its own (=1 asks for the server wherever it can run). Where the server cannot start or answer, engines start the

@@ -373,7 +373,7 @@ def judge_runs(stats_by_run: Mapping[str, Mapping[str, dict]],
     expert outputs).
 
     `routed_counts`: per run, its tokens routed to another number of experts than the truth routes them to (None:
-    not counted); judged against the band's counts (`judge_counts`), before the flips.
+    not counted); judged against the band's counts (`judge_counts`), its departure placed first.
 
     `leave_out`: per run, more runs its band leaves out besides itself — e.g. a layout's own reruns, so that a layout
     is held to the other layouts and not to copies of itself."""
