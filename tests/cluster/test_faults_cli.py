@@ -41,13 +41,6 @@ def _cli(*args, timeout=120, **kw):
                           **kw)
 
 
-def _cmdline(p) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return []
-
-
 def _lines(text: str) -> list[str]:
     return [ln for ln in text.strip().splitlines() if ln.strip()]
 
