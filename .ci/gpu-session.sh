@@ -10,7 +10,7 @@
 #        report:NN[+NN...], bench, capture
 #        (default: pytest,probe). Other megatron-core releases for notebook 03 come from .whl/releases.
 # REPORT_DIR: where report steps write (default OUTDIR/report; a report folder of the tree continues it);
-# it is packed into OUTDIR/report.tgz at the end (one file to bring back). MOE_LAB_COMMIT: the commit of the tree.
+# it is packed into OUTDIR/report.tgz.0, .1, ... at the end. REPORT_TIMEOUT: see the report step. MOE_LAB_COMMIT: the commit of the tree.
 set -uo pipefail
 OUT=${1:?output dir}; STEPS=${2:-pytest,probe}
 mkdir -p "$OUT"
@@ -54,14 +54,18 @@ for step in ${STEPS//,/ }; do
     only=${step#report:}; only=${only//+/,}
     start=$(date +%s)
     wheels=(); [[ -d .whl/releases ]] && wheels=(-p wheels="$PWD/.whl/releases")
-    python3 -m moe_lab.cli run --profile gpu --only "$only" --out "$REPORT_DIR" "${wheels[@]}" \
-      ${REPORT_ARGS:-} 2>&1 | quiet | tail -8
-    echo "report $only: $(( $(date +%s) - start )) s"
+    # REPORT_TIMEOUT: seconds before the run is interrupted as Ctrl-C would (it keeps what finished, and its index)
+    timeout --signal=INT --kill-after=30 "${REPORT_TIMEOUT:-0}" python3 -m moe_lab.cli run --profile gpu --only "$only" \
+      --out "$REPORT_DIR" "${wheels[@]}" ${REPORT_ARGS:-} 2>&1 | quiet > "$OUT/report-${only//,/-}.log"
+    tail -8 "$OUT/report-${only//,/-}.log"
+    echo "report $only: $(( $(date +%s) - start )) s" | tee -a "$OUT/report-${only//,/-}.log"
   fi
 done
 has bench && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 4 --repeats "${BENCH_REPEATS:-1}" \
   --json "$OUT/bench_gpu.json" 2>&1 | quiet | tee "$OUT/bench_gpu.txt" | tail -30
 has capture && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 4 --capture-only "${CAPTURE_ROUNDS:-40}" \
   --json "$OUT/capture_gpu.json" 2>&1 | quiet | tee "$OUT/capture_gpu.txt" | tail -8
-[[ -d $REPORT_DIR ]] && tar czf "$OUT/report.tgz" -C "$(dirname "$REPORT_DIR")" "$(basename "$REPORT_DIR")"
+# packed in parts of at most 15 MiB (the device tool brings back files of at most 16 MiB): cat report.tgz.* | tar xz
+[[ -d $REPORT_DIR ]] && tar czf - -C "$(dirname "$REPORT_DIR")" "$(basename "$REPORT_DIR")" \
+  | split -b 15M -d -a 1 - "$OUT/report.tgz."
 exit 0

@@ -1,10 +1,9 @@
 """Every question's cases' keys for a few profiles and overrides, with a fixed fake environment and no engines: run
 against a checkout (PYTHONPATH) it prints them as JSON. tests/unit/data/case_keys.json holds them: the gpu runs' as
 the code gave them before a case's layout had one home (9b00aa3, where the layer's config held tp / ep / etp /
-sequence parallel), the cpu runs' as the cpu profile gives them since it was sized for minutes (a profile change is
-a change of cases: its keys are written again, the gpu runs' must stay but where the gpu profile's own section of a
-question changed — notebook 08's layouts gained EP 2 —, that question's keys alone); the tests compute them again and
-compare (test_run_config.py).
+sequence parallel), except where a profile's cases changed since (a profile change is a change of cases: that
+profile's keys are written again — the cpu profile's when it was sized for minutes on two cores, the gpu profile's
+when it was sized for ten minutes on one H200); the tests compute them again and compare (test_run_config.py).
 
 On that code a key is brought to today's form first (`today`): the layout fields leave the layer's config and the
 layout, resolved on the world, is a field of its own (the layer's over the world where the case had none); the
