@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import types
 from importlib import resources
@@ -75,7 +76,9 @@ def load(name_or_path: str, overrides: dict | None = None) -> RunConfig:
         raise ValueError(f"{where} is not a profile: its JSON nests too deep") from None
     if not isinstance(params, dict):
         raise ValueError(f"{where} must hold a JSON object of parameters, found {type(params).__name__}")
-    return parse({k: v for k, v in params.items() if not k.startswith("_")}, overrides, where)
+    about = params.get("_doc")
+    config = parse({k: v for k, v in params.items() if not k.startswith("_")}, overrides, where)
+    return dataclasses.replace(config, about=about) if isinstance(about, str) else config
 
 
 def _read_profile(p: Path) -> str:

@@ -18,6 +18,7 @@ Torch-free; the parsing and checks themselves live in `profiles` (`profiles.load
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import types
 from dataclasses import dataclass, field
@@ -109,6 +110,8 @@ class RunConfig:
     """The layer keys the profile itself sets that a preset's layer keeps (seq_len, seed)."""
     parser: Callable | None = field(default=None, hash=False, repr=False, compare=False)
     """The parse that made this config (`profiles.parse`), which `with_overrides` runs again."""
+    about: str = field(default="", compare=False)
+    """The profile's own description (its `_doc`): what it runs and leaves out; a report shows it."""
 
     def params(self, cls: type):
         """The typed parameters of one question (its parameters class)."""
@@ -186,7 +189,7 @@ class RunConfig:
         again. This one is unchanged."""
         if self.parser is None:
             raise ValueError("this RunConfig was not made by profiles.load: load the profile to override it")
-        return self.parser(self.raw(), {**(overrides or {}), **kw}, self.where)
+        return dataclasses.replace(self.parser(self.raw(), {**(overrides or {}), **kw}, self.where), about=self.about)
 
     replace = with_overrides
 

@@ -241,9 +241,14 @@ def _files(out_dir: Path) -> str:
 
 
 def _sizing_note(meta: dict) -> str:
-    """The run's sizing for this CPU (`reporting.budget`), in its own words, under the answers."""
-    words = meta.get("sizing")
-    return f"<p class='sizing'><b>Sized for this CPU:</b> {html.escape(str(words))}</p>" if words else ""
+    """The profile's own description (what it runs and leaves out) and the run's sizing for this CPU
+    (`reporting.budget`), in their own words, under the answers."""
+    about, words = meta.get("profile_about"), meta.get("sizing")
+    overridden = meta.get("overridden")
+    out = (f"<p class='sizing'><b>The {html.escape(str(meta.get('profile', '')))} profile</b>"
+           f"{' (as written; this run overrides ' + html.escape(', '.join(overridden)) + ')' if overridden else ''}: "
+           f"{html.escape(str(about))}</p>") if about else ""
+    return out + (f"<p class='sizing'><b>Sized for this CPU:</b> {html.escape(str(words))}</p>" if words else "")
 
 
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
@@ -351,6 +356,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     os.environ["MOE_LAB_RUN_ID"] = f"{os.getpid()}-{time.time():.0f}"  # and the run id (protocol.note_run)
     rows = []
     meta = _meta(profile, config)
+    meta.update(profile_about=config.about, overridden=sorted(overrides or {}))
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover

@@ -3,6 +3,7 @@ it, worded by their status; the banner's counts add up; every cell's evidence is
 published reports' records and on generated record sets that contradict the usual story (the findings' property
 strategy), with controls that show each check failing."""
 
+import html
 import json
 import math
 import re
@@ -204,3 +205,19 @@ def test_cells_beyond_three_link_to_the_evidence():
     assert "+2 more" in html_ and "href='#ev-0'" in html_
     shown = html_.split("<td>", 1)[1]
     assert shown.index("the layout&#x27;s own effect") < shown.index("no layout effect")  # failures first
+
+
+def test_index_says_what_the_profile_runs_and_leaves_out(tmp_path):
+    """The profile's own description (its `_doc`) is on the index under the answers, marked as the profile as
+    written where the run overrode keys; a run with no description shows no such line (the control)."""
+    from moe_lab import profiles
+
+    about = profiles.load("gpu").about
+    assert "releases=installed,0.19.2" in about  # what the gpu profile leaves out, and how to add it back
+    page = runner.write_index(tmp_path, [], {"profile": "gpu", "profile_about": about}).read_text()
+    assert "<b>The gpu profile</b>: " in page and html.escape(about) in page
+    page = runner.write_index(tmp_path, [], {"profile": "gpu", "profile_about": about,
+                                             "overridden": ["releases", "training.steps"]}).read_text()
+    assert "(as written; this run overrides releases, training.steps)" in page
+    page = runner.write_index(tmp_path, [], {"profile": "x.json"}).read_text()
+    assert "profile</b>" not in page

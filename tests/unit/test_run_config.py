@@ -142,3 +142,11 @@ def test_public_settings_show_a_sections_zero_as_the_profiles_value():
     p = profiles.load("cpu", {"training.num_experts": 0, "training.topk": 3})
     t = p.public()["training"]
     assert t["num_experts"] == f"{p.public()['num_experts']} (the profile's)" and t["topk"] == 3
+
+
+def test_a_profiles_description_stays_through_overrides():
+    c = profiles.load("gpu")
+    assert c.about and "one H200" in c.about
+    assert c.with_overrides({"trials": 2}).about == c.about == profiles.load("gpu", {"trials": 2}).about
+    assert profiles.parse({"device": "cpu", "engines": 2, "dispatchers": ["allgather"],
+                           "router_dtypes": ["none"]}).about == ""  # a profile without one says nothing
