@@ -21,7 +21,7 @@ import json
 import sys
 from unittest import mock
 
-GPU = {"releases": ["installed", "0.12.3"]}  # the gpu profile's 0.19.2 needs a newer Python than some machines have
+GPU = {"releases": ["installed", "0.12.3"]}  # a second release, as a user adds one (a release of this Python)
 RUNS = [("cpu", {}), ("gpu", GPU),
         ("cpu", {"seq_len": 256, "cut": 64, "trials": 2, "dispatchers": "alltoall"}),
         ("cpu", {"training": {"steps": 5, "eps": [1, 2]}, "router_dtypes": ["none"]}),
