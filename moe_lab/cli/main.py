@@ -22,6 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from .. import switches
 from .argtypes import notebooks as _notebooks, nonempty as _nonempty, number as _number, whole_seconds as _whole_seconds
 from .options import add_launcher_arguments, kv as _kv, launcher_kwargs
 
@@ -415,11 +416,12 @@ def _main(a) -> int:
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
                "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare,
                "findings": cmd_findings, "preflight": cmd_preflight, "oracle": cmd_oracle}[a.cmd]
-    if a.cmd in ENGINE_COMMANDS:  # the engines' libraries into the page cache while the input is checked
-        from ..controller import readahead
-
-        readahead.start(_engine_device(a))
     try:
+        switches.check()  # an on/off switch set to something else: refused before anything starts
+        if a.cmd in ENGINE_COMMANDS:  # the engines' libraries into the page cache while the input is checked
+            from ..controller import readahead
+
+            readahead.start(_engine_device(a))
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched
         if a.debug:  # the traceback too; the exit code stays the contract's

@@ -32,6 +32,7 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 from traitlets import Any
 
+from .. import switches
 from ..config import ClusterConfig
 from ..engine.preload import MARK
 
@@ -49,10 +50,8 @@ def wanted(cfg: ClusterConfig) -> bool:
         return False
     if "LocalEngineSetLauncher.engine_cmd" in cfg.launcher_options or "engine_cmd" in cfg.launcher_options:
         return False  # a command of the user's own: run as they asked
-    forced = os.environ.get(PRELOAD_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    return True
+    forced = switches.forced(PRELOAD_ENV)
+    return True if forced is None else forced
 
 
 def prepare_of(cfg: ClusterConfig) -> dict:

@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from .. import switches
+
 logger = logging.getLogger(__name__)
 
 READAHEAD_ENV = "MOE_LAB_READAHEAD"
@@ -35,9 +37,9 @@ rest): the CUDA build's libraries are a few GB."""
 def wanted(device: str | None) -> bool:
     """Whether a command whose engines run on `device` ('cuda', 'cpu', or None / 'auto': a GPU if one is visible)
     reads the libraries ahead."""
-    forced = os.environ.get(READAHEAD_ENV, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
+    forced = switches.forced(READAHEAD_ENV)
+    if forced is not None:
+        return forced
     if device == "cuda":
         return True
     return device in (None, "auto") and os.path.exists("/dev/nvidiactl")

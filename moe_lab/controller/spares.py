@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from .. import switches
 from ..config import ClusterConfig
 from .state import ClusterState
 
@@ -78,9 +79,9 @@ def prestart_wanted(cfg: ClusterConfig) -> bool:
     """Whether to launch a cluster's next engines while the current ones work (Cluster.prestart, protocol.run):
     local engines on a GPU node, or on a CPU machine with a core for every engine of both sets — on fewer cores the
     early imports would slow the measuring engines. MOE_LAB_PRESTART=1 / 0 forces it on / off."""
-    forced = os.environ.get("MOE_LAB_PRESTART", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1" and cfg.launcher == "local"
+    forced = switches.forced("MOE_LAB_PRESTART")
+    if forced is not None:
+        return forced and cfg.launcher == "local"
     return cfg.launcher == "local" and (cfg.device == "cuda" or (os.cpu_count() or 1) >= 2 * cfg.engines)
 
 

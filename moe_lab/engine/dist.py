@@ -125,7 +125,9 @@ def prepare(*, device: str, extra_path: tuple = (), env: dict | None = None, det
     import torch.distributed  # noqa: F401
     from megatron.core import parallel_state  # noqa: F401
 
-    if device == "cpu" and os.environ.get(NO_CPU_BF16_ENV) == "1":
+    from .. import switches
+
+    if device == "cpu" and switches.forced(NO_CPU_BF16_ENV):
         # torch's CPU build sends a bf16 GEMM to oneDNN only where the CPU has bf16 instructions; elsewhere (AVX2
         # only) it takes its own slow loop. Turning oneDNN off takes that loop on any CPU: the AVX2 machines' speed,
         # for sizing and benchmarks (docs/bench.md), with ATEN_CPU_CAPABILITY=avx2 for their vector width.

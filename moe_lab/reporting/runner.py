@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import fsio, profiles
+from .. import fsio, profiles, switches
 from ..controller import interrupts
 from ..fsio import ReportWriteError, check_writable, write_failure, writable_dir
 from .. import results
@@ -451,7 +451,7 @@ def _shared_cluster(config, out_dir: Path, n_notebooks: int):
     gives each notebook its own, as a notebook run alone has."""
     import contextlib
 
-    if n_notebooks < 2 or os.environ.get("MOE_LAB_SHARE_CLUSTER") == "0":
+    if n_notebooks < 2 or switches.forced("MOE_LAB_SHARE_CLUSTER") is False:
         return contextlib.nullcontext()
     from ..controller import shared
     from ..experiments import protocol

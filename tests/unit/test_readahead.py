@@ -1,4 +1,4 @@
-"""Reading the engines' libraries ahead: when it runs, that it reads every byte of its files once (an unreadable
+"""Reading the engines' libraries ahead, and the on/off switches (its own among them): when it runs, that it reads every
 file skipped, not fatal), the files it picks, and that a command's flags choose its device."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ cli = importlib.import_module("moe_lab.cli.main")
 
 @pytest.mark.parametrize("env,device,gpu_node,expected", [
     ("", "cuda", False, True), ("", "cpu", True, False), ("", None, True, True), ("", None, False, False),
-    ("", "auto", True, True), ("0", "cuda", True, False), ("1", "cpu", False, True), ("yes", "cpu", True, False)])
+    ("", "auto", True, True), ("0", "cuda", True, False), ("1", "cpu", False, True)])
 def test_it_runs_where_the_engines_use_gpus_or_where_asked(monkeypatch, env, device, gpu_node, expected):
     monkeypatch.setenv(readahead.READAHEAD_ENV, env)
     monkeypatch.setattr(readahead.os.path, "exists", lambda p: gpu_node and p == "/dev/nvidiactl")
@@ -57,3 +57,31 @@ def test_a_commands_flags_choose_its_engines_device():
     assert cli._engine_device(Namespace(cmd="run", profile="/x/p.json")) is None
     assert cli._engine_device(Namespace(cmd="probe", device="cpu")) == "cpu"
     assert set(cli.ENGINE_COMMANDS) >= {"probe", "run", "bench"}
+
+
+def test_a_switch_set_to_another_value_is_refused_by_name(monkeypatch):
+    """Every on/off switch takes unset, 0 or 1: another value is refused with the switch's name and what it does,
+    by the reader and by the CLI before anything starts (exit 2, one line); 0, 1 and unset pass (the control)."""
+    from moe_lab import switches
+
+    for name in switches.SWITCHES:
+        for ok, want in (("", None), ("0", False), ("1", True), (" 1 ", True)):
+            monkeypatch.setenv(name, ok)
+            assert switches.forced(name) is want
+        monkeypatch.setenv(name, "yes")
+        with pytest.raises(ValueError, match=rf"{name}='yes': give 0 \(off\) or 1 \(on\), or leave it unset; "
+                                             rf"it switches: "):
+            switches.check()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv(readahead.READAHEAD_ENV, "on")
+    with pytest.raises(ValueError, match="MOE_LAB_READAHEAD='on'"):
+        readahead.wanted("cuda")
+
+
+def test_the_cli_refuses_a_bad_switch_before_it_starts_anything(monkeypatch, capsys):
+    monkeypatch.setenv("MOE_LAB_PRELOAD", "true")
+    started = []
+    monkeypatch.setattr(readahead, "start", lambda device: started.append(device))
+    assert cli.main(["probe", "--device", "cpu", "--engines", "2"]) == cli.EXIT_INPUT
+    err = capsys.readouterr().err
+    assert "moe-lab probe: error: MOE_LAB_PRELOAD='true': give 0 (off) or 1 (on)" in err and not started
