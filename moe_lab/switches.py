@@ -11,8 +11,6 @@ SWITCHES = {
                        "(default: on, on Linux)",
     "MOE_LAB_PRESTART": "launch a cluster's next engines while the current ones work (default: on a GPU node, or a "
                         "CPU machine with a core for every engine of both sets)",
-    "MOE_LAB_READAHEAD": "read torch's and CUDA's libraries into the page cache as a GPU command starts "
-                         "(default: on for commands whose engines use GPUs)",
     "MOE_LAB_SHARE_CLUSTER": "one cluster for a run's notebooks (default: on)",
     "MOE_LAB_NO_CPU_BF16": "CPU engines take torch's own bf16 GEMM loop, as a CPU without bf16 instructions does "
                            "(default: off)",

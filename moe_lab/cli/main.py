@@ -390,17 +390,6 @@ def main(argv=None) -> int:
         return _main(a)
 
 
-ENGINE_COMMANDS = ("probe", "run", "bench", "oracle")
-"""The commands that start engines (each imports torch and megatron-core)."""
-
-
-def _engine_device(a) -> str | None:
-    """The device a command's engines use as far as its flags say (None: a GPU if one is visible)."""
-    if a.cmd == "run":
-        return {"gpu": "cuda", "cpu": "cpu"}.get(getattr(a, "profile", None) or "")
-    return getattr(a, "device", None)
-
-
 def _main(a) -> int:
     from ..controller.diagnosis import ClusterError
     from ..results import ResultsFileError
@@ -418,10 +407,6 @@ def _main(a) -> int:
                "findings": cmd_findings, "preflight": cmd_preflight, "oracle": cmd_oracle}[a.cmd]
     try:
         switches.check()  # an on/off switch set to something else: refused before anything starts
-        if a.cmd in ENGINE_COMMANDS:  # the engines' libraries into the page cache while the input is checked
-            from ..controller import readahead
-
-            readahead.start(_engine_device(a))
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched
         if a.debug:  # the traceback too; the exit code stays the contract's
