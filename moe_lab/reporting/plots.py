@@ -90,15 +90,25 @@ def figure_html(fig: Figure) -> str | None:
     text = _DESCRIPTIONS.get(fig)
     if text is None:
         return fig._repr_html_()  # matplotlib's own HTML (WebAgg figures), None for the others
-    data, size = _png_of(fig)
+    data, size = _png_of(fig, keep=True)
     attrs = "".join(f' {k}="{int(v)}"' for k, v in size.items() if k in ("width", "height"))
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(text, quote=True)}"{attrs}/>'
 
 
-def _png_of(fig: Figure) -> tuple[str, dict]:
-    """The figure's PNG as base64 text and its display size ({} where the PNG has its natural size)."""
+_RENDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""A described figure's PNG, as the kernel's PNG formatter returned it while its text/html was made: the same
+display's image/png output is that PNG (`_png_once`), so each display renders the figure once, not twice (a figure of
+many panels takes seconds to draw, and bbox_inches='tight' draws it twice more)."""
+
+
+def _png_of(fig: Figure, keep: bool = False) -> tuple[str, dict]:
+    """The figure's PNG as base64 text and its display size ({} where the PNG has its natural size). `keep`: hold
+    the formatter's PNG for the image/png output of the same display."""
     shell = _shell()
+    _RENDERED.pop(fig, None)  # one held from a display that made no image/png is stale: render afresh
     png, size = (shell.display_formatter.formatters["image/png"](fig) if shell else None), {}
+    if keep and png:
+        _RENDERED[fig] = png
     if isinstance(png, tuple):  # a retina PNG comes with the size to display it at
         png, size = png
     if not png:  # no PNG formatter for figures (an SVG-only kernel): render one
@@ -121,10 +131,27 @@ def _shell():
 
 def _serve_alt_text() -> None:
     """Register `figure_html` as the running shell's text/html formatter of figures (again on every call: cheap, and
-    a shell started after the first figure gets it too)."""
+    a shell started after the first figure gets it too), and its image/png formatter of figures as `_png_once` over
+    the one it had."""
     shell = _shell()
     if shell is not None:
-        shell.display_formatter.formatters["text/html"].for_type(Figure, figure_html)
+        formatters = shell.display_formatter.formatters
+        formatters["text/html"].for_type(Figure, figure_html)
+        png = formatters["image/png"]
+        current = png.type_printers.get(Figure)
+        if current is not None and not getattr(current, "renders_once", False):
+            png.for_type(Figure, _png_once(current))
+
+
+def _png_once(render):
+    """An image/png formatter of figures: the PNG `figure_html` just made for this figure's display where there is
+    one (taken, so the next display renders afresh), else `render`'s."""
+    def png(fig):
+        held = _RENDERED.pop(fig, None)
+        return held if held is not None else render(fig)
+
+    png.renders_once = True
+    return png
 
 
 def count_words(n: int, of: int, what: str) -> str:

@@ -7,6 +7,7 @@ catching the fault it looks for."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import glob
 import html
@@ -438,4 +439,36 @@ def test_the_html_page_carries_each_figures_alt_text(shell):
 def test_a_06_figure_reaches_the_html_with_its_alt_text(shell):
     fig = training_figures.loss_divergence(_training_records())
     assert _html_alts(shell, fig) == [plots.description_of(fig)]
+    plt.close("all")
+
+
+def test_a_described_figure_is_rendered_once_per_display_and_never_stale(shell, monkeypatch):
+    """A described figure's text/html and image/png outputs come from one render (a 16-panel figure takes seconds to
+    draw); the two carry the same PNG; a figure changed and shown again is drawn again. The control: a figure nobody
+    described renders once too, by the PNG formatter alone."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    renders = []
+    original = FigureCanvasBase.print_figure
+
+    def counted(self, *a, **k):
+        renders.append(self.figure)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(FigureCanvasBase, "print_figure", counted)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    plots.describe(fig, "a line from 0 to 1")
+    data, _ = shell.display_formatter.format(fig)
+    assert len(renders) == 1 and set(data) >= {"text/html", "image/png"}
+    png = data["image/png"]
+    png = png if isinstance(png, str) else base64.b64encode(png).decode()
+    assert f'src="data:image/png;base64,{png}"' in data["text/html"]
+    ax.plot([0, 1], [1, 0])  # changed: the next display draws it again, and shows the change
+    data2, _ = shell.display_formatter.format(fig)
+    assert len(renders) == 2 and data2["image/png"] != data["image/png"]
+    bare, bx = plt.subplots()
+    bx.plot([0, 1], [0, 1])
+    shell.display_formatter.format(bare)
+    assert len(renders) == 3 and renders[-1] is bare
     plt.close("all")
