@@ -240,7 +240,7 @@ def _files(out_dir: Path) -> str:
                                          for n in names) + "</ul>"
 
 
-def _sizing_note(meta: dict) -> str:
+def _profile_and_sizing_notes(meta: dict) -> str:
     """The profile's own description (what it runs and leaves out) and the run's sizing for this CPU
     (`reporting.budget`), in their own words, under the answers."""
     about, words = meta.get("profile_about"), meta.get("sizing")
@@ -298,7 +298,7 @@ def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
 what cost — per subject, from <a href="results.json">results.json</a> (the question:
 <a href="{summary.ISSUE}">Megatron-LM #1421</a>). A subject's evidence is a click away.</p>
 {summary.render_answers(rows_)}
-{_sizing_note(meta)}
+{_profile_and_sizing_notes(meta)}
 <h2>Evidence per subject</h2>{render.evidence(rows_) or "<p>(no records yet)</p>"}
 <h2>Notebooks</h2><table><tr><th>#</th><th>question</th><th>run</th><th>finding</th><th>HTML</th></tr>
 {''.join(trs)}</table>
