@@ -242,17 +242,39 @@ def wait_gone(pid: int, wait_s: float = 2.0) -> bool:
 
 def ended_engines(cluster) -> list[str]:
     """'pid N: exit code C' / 'pid N: killed by SIGKILL' for each engine process of the current engine set that
-    has ended (engines this process launched itself: the local launcher; other launchers report nothing here)."""
+    has ended (engines this process launched itself: the local launcher; other launchers report nothing here), with
+    the last line its log holds, where it wrote one: what it said as it ended (the log goes with the cluster's
+    folder)."""
     es = cluster.engine_sets()[1]
     out = []
     for launcher in list(getattr(es, "launchers", {}).values()):
         proc = getattr(launcher, "process", None)
         if proc is not None and processes.pid_gone(proc.pid) is not None:
-            out.append(f"pid {proc.pid}: {exit_status(cluster, proc.pid) or processes.pid_gone(proc.pid)}")
-    for data in (getattr(es, "stop_data", None) or {}).get("engines", {}).values():  # reaped by ipyparallel
+            out.append(f"pid {proc.pid}: {exit_status(cluster, proc.pid) or processes.pid_gone(proc.pid)}"
+                       f"{log_end(_output(launcher.get_output))}")
+    outputs = getattr(es, "outputs", None) or {}
+    for ident, data in (getattr(es, "stop_data", None) or {}).get("engines", {}).items():  # reaped by ipyparallel
         if isinstance(data, dict) and data.get("pid") and not any(f"pid {data['pid']}:" in o for o in out):
-            out.append(f"pid {data['pid']}: {exit_status(cluster, data['pid']) or 'process gone'}")
+            out.append(f"pid {data['pid']}: {exit_status(cluster, data['pid']) or 'process gone'}"
+                       f"{log_end(outputs.get(ident))}")
     return out
+
+
+LOG_END_CHARS = 200
+
+
+def log_end(text) -> str:
+    """'; its log ends: "<its last non-empty line>"' (shortened to LOG_END_CHARS), or '' for no output."""
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    return f"; its log ends: {lines[-1][:LOG_END_CHARS]!r}" if lines else ""
+
+
+def _output(get) -> str:
+    """A launcher's output (its log file, read once the process has ended), '' where it cannot be read."""
+    try:
+        return get()
+    except Exception:  # noqa: BLE001 - a diagnosis adds what it can; the exit status is said either way
+        return ""
 
 def exit_status(cluster, pid: int) -> str:
     """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it). Once

@@ -97,3 +97,24 @@ def test_a_stopped_local_process_is_named_with_its_state_and_a_running_one_is_no
     finally:
         p.kill()
         p.wait()
+
+
+def test_an_engine_that_ended_before_registering_is_said_with_the_last_line_of_its_log():
+    """An engine reaped by ipyparallel (its launcher gone, its exit in the engine set's stop_data): its pid, exit
+    code and the last line its log holds; one that wrote nothing gets no log words (the control), and a long line is
+    shortened."""
+    from types import SimpleNamespace
+
+    from moe_lab.controller import diagnosis
+
+    es = SimpleNamespace(launchers={}, stop_data={"engines": {
+        "e0": {"pid": 4242, "exit_code": 1, "identifier": "e0"},
+        "e1": {"pid": 4343, "exit_code": 7, "identifier": "e1"},
+        "e2": {"pid": 4444, "exit_code": 1, "identifier": "e2"}}},
+        outputs={"e0": "starting\nTraceback (most recent call last):\nTimeoutError: registration timed out\n\n",
+                 "e1": "", "e2": "x" * 500})
+    cluster = SimpleNamespace(engine_sets=lambda: ([es], es))
+    said = diagnosis.ended_engines(cluster)
+    assert said[0] == "pid 4242: exit code 1; its log ends: 'TimeoutError: registration timed out'"
+    assert said[1] == "pid 4343: exit code 7"
+    assert said[2] == f"pid 4444: exit code 1; its log ends: {'x' * diagnosis.LOG_END_CHARS!r}"
