@@ -90,7 +90,7 @@ def figure_html(fig: Figure) -> str | None:
     text = _DESCRIPTIONS.get(fig)
     if text is None:
         return fig._repr_html_()  # matplotlib's own HTML (WebAgg figures), None for the others
-    data, size = _png_of(fig, keep=True)
+    data, size = _png_of(fig)
     attrs = "".join(f' {k}="{int(v)}"' for k, v in size.items() if k in ("width", "height"))
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(text, quote=True)}"{attrs}/>'
 
@@ -101,13 +101,13 @@ display's image/png output is that PNG (`_png_once`), so each display renders th
 many panels takes seconds to draw, and bbox_inches='tight' draws it twice more)."""
 
 
-def _png_of(fig: Figure, keep: bool = False) -> tuple[str, dict]:
-    """The figure's PNG as base64 text and its display size ({} where the PNG has its natural size). `keep`: hold
-    the formatter's PNG for the image/png output of the same display."""
+def _png_of(fig: Figure) -> tuple[str, dict]:
+    """The figure's PNG as base64 text and its display size ({} where the PNG has its natural size); the formatter's
+    PNG is held for the image/png output of the same display (`_RENDERED`)."""
     shell = _shell()
     _RENDERED.pop(fig, None)  # one held from a display that made no image/png is stale: render afresh
     png, size = (shell.display_formatter.formatters["image/png"](fig) if shell else None), {}
-    if keep and png:
+    if png:
         _RENDERED[fig] = png
     if isinstance(png, tuple):  # a retina PNG comes with the size to display it at
         png, size = png
