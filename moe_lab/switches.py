@@ -12,6 +12,8 @@ SWITCHES = {
     "MOE_LAB_PRESTART": "launch a cluster's next engines while the current ones work (default: on a GPU node, or a "
                         "CPU machine with a core for every engine of both sets)",
     "MOE_LAB_SHARE_CLUSTER": "one cluster for a run's notebooks (default: on)",
+    "MOE_LAB_OVERLAP": "run the next notebook while the current one draws its figures and pages, their cases "
+                       "taking turns on the engines (default: on)",
     "MOE_LAB_NO_CPU_BF16": "CPU engines take torch's own bf16 GEMM loop, as a CPU without bf16 instructions does "
                            "(default: off)",
 }

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..config import ClusterConfig, MoEConfig, check_cut
+from ..controller import turns
 from ..controller.engine_sets import EngineSets
 from ..layout import WORLD, Layout
 from .. import fsio, results as results_file
@@ -175,6 +176,7 @@ def environment(cluster) -> dict:
     env["gpu_uuids"] = uuids or None  # every rank's GPU (gpu_uuid: rank 0's)
     env["code"] = provenance.code_version()
     env["shared_cluster"] = bool(getattr(cluster, "attached", False))  # the run's cluster (controller.shared)
+    env["notebooks_at_once"] = turns.notebooks_at_once()  # a CPU cost shared its cores with the other kernel
     return env
 
 
@@ -232,28 +234,30 @@ def run(experiment, config=None, *, cluster=None, cases: list[Case] | None = Non
     ccfg0 = cluster.config if cluster is not None else from_settings(config.cluster)
     ccfg0 = ccfg0.replace(extra_path=()) if cluster is None else ccfg0
     notebook = notebook if notebook is not None else getattr(experiment, "NOTEBOOK", "")
-    plan, by_case, n_reused = _plan(experiment, cases, ccfg0, results, notebook)
-    sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, what stops
-    try:
-        for i, g in enumerate(plan):
-            cluster = sets.ensure(_target(g.ccfg, g.release))
-            env, keys = _checked_env(cluster, g)
-            if i + 1 < len(plan):
-                sets.prefetch(_target(plan[i + 1].ccfg, plan[i + 1].release))
-            items = progress(g.todo, f"{experiment.NAME} ({g.env['megatron_core']})") if progress else g.todo
-            for c in items:
-                recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
-                if results is not None:
-                    results_file.append(results, recs)  # streamed: an interrupted run keeps every finished case
-                for r in recs:
-                    if on_record:
-                        on_record(r)
-                by_case[id(c)] = recs
-                sets.tick()  # the next group's engines import while this group's cases run
-    except BaseException as e:
-        sets.close(e)
-        raise
-    sets.close()
+    # notebooks run two at a time under `moe-lab run`: one kernel's cases at a time on the engines
+    with turns.engines_turn(f"notebook {notebook} {experiment.NAME}" if notebook else experiment.NAME):
+        plan, by_case, n_reused = _plan(experiment, cases, ccfg0, results, notebook)
+        sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, stops
+        try:
+            for i, g in enumerate(plan):
+                cluster = sets.ensure(_target(g.ccfg, g.release))
+                env, keys = _checked_env(cluster, g)
+                if i + 1 < len(plan):
+                    sets.prefetch(_target(plan[i + 1].ccfg, plan[i + 1].release))
+                items = progress(g.todo, f"{experiment.NAME} ({g.env['megatron_core']})") if progress else g.todo
+                for c in items:
+                    recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
+                    if results is not None:
+                        results_file.append(results, recs)  # streamed: an interrupted run keeps finished cases
+                    for r in recs:
+                        if on_record:
+                            on_record(r)
+                    by_case[id(c)] = recs
+                    sets.tick()  # the next group's engines import while this group's cases run
+        except BaseException as e:
+            sets.close(e)
+            raise
+        sets.close()
     out = [r for c in cases for r in by_case.get(id(c), [])]
     n_measured = sum(len(g.todo) for g in plan)
     if results is not None and notebook:

@@ -146,7 +146,10 @@ def _raise_if_write_failed(e: BaseException, out_dir: Path) -> None:
         raise ReportWriteError(*found) from e
 
 
-def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float) -> dict:
+def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float, *,
+            cell_bar: bool | None = None) -> dict:
+    """Execute one notebook (papermill) and render its pages → its index row. `cell_bar`: papermill's bar of cells
+    (default: where stderr is a terminal)."""
     import papermill as pm
 
     dst = out_dir / src.name
@@ -155,12 +158,15 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
     kernel: dict = {}  # the kernel's pid and process state as papermill shut it down
     try:
         pm.execute_notebook(str(src), str(dst), parameters=dict(profile=profile, params=params, out_dir=str(out_dir)),
-                            cwd=str(src.parent), kernel_name="python3", progress_bar=sys.stderr.isatty(),
+                            cwd=str(src.parent), kernel_name="python3",
+                            progress_bar=sys.stderr.isatty() if cell_bar is None else cell_bar,
                             execution_timeout=timeout, log_output=False, request_save_on_cell_execute=True,
                             kernel_manager_class=_kernel_manager(kernel))
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - a failing notebook still gets its HTML and an index row
+        if interrupts.interrupted():  # its kernel was ended by the run's interrupt: the main thread marks its page
+            return _row(num, src, "interrupted", "", time.perf_counter() - t0)
         _raise_if_write_failed(e, out_dir)
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if type(e).__name__ == "DeadKernelError":
@@ -248,7 +254,13 @@ def _profile_and_sizing_notes(meta: dict) -> str:
     out = (f"<p class='sizing'><b>The {html.escape(str(meta.get('profile', '')))} profile</b>"
            f"{' (as written; this run overrides ' + html.escape(', '.join(overridden)) + ')' if overridden else ''}: "
            f"{html.escape(str(about))}</p>") if about else ""
-    return out + (f"<p class='sizing'><b>Sized for this CPU:</b> {html.escape(str(words))}</p>" if words else "")
+    out += f"<p class='sizing'><b>Sized for this CPU:</b> {html.escape(str(words))}</p>" if words else ""
+    if meta.get("notebooks_at_once", 1) > 1:
+        out += ("<p class='sizing'><b>Two notebooks at a time:</b> each notebook's figures and pages were drawn while "
+                "the next one's cases ran (the cases took turns on the engines), so the run's seconds below overlap; "
+                "a cost measured on a CPU shared its cores with that work (its records say notebooks_at_once = 2; "
+                "MOE_LAB_OVERLAP=0 runs one notebook at a time).</p>")
+    return out
 
 
 def write_index(out_dir: Path, rows: list[dict], meta: dict) -> Path:
@@ -354,14 +366,13 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     os.environ[HEADLESS_ENV] = "1"  # kernels inherit it: no progress bars inside the reports (protocol.progress_bar)
     os.environ["MOE_LAB_RUN_ID"] = f"{os.getpid()}-{time.time():.0f}"  # and the run id (protocol.note_run)
-    rows = []
+    rows, started = [], time.perf_counter()
     meta = _meta(profile, config)
     meta.update(profile_about=config.about, overridden=sorted(overrides or {}))
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
         tqdm = None
-    current, t0 = None, time.perf_counter()
     # the files of earlier runs are checked once the lock is held (no other run is rewriting them), before the
     # cluster starts: each item of a `with` is entered before the next one is evaluated
     with interrupts.handling(), _run_lock(out_dir), _checked_out_files(out_dir, chosen), \
@@ -375,27 +386,37 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 config = profiles.load(profile, overrides)
                 meta["parameters"] = json.dumps(config.public())  # the index shows the layer that ran
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
-        it = tqdm(chosen, desc="notebooks", unit="nb") if tqdm else chosen
+        at_once = notebooks_at_once(len(chosen))
+        meta["notebooks_at_once"] = at_once
+        bar = tqdm(total=len(chosen), desc="notebooks", unit="nb") if tqdm else None
+        todo, running = list(chosen), []
+        params = overrides or {}
         try:
-            for num, src in it:
-                if tqdm:
-                    it.set_postfix_str(src.name)
-                logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
-                current, t0 = (num, src), time.perf_counter()
-                rows.append(run_one(num, src, out_dir, overrides or {}, profile, timeout or 1800))
-                current = None
-                write_index(out_dir, rows, meta)
+            with engine_turns(out_dir, at_once):
+                while todo or running:
+                    while todo and len(running) < at_once:  # the next notebook starts as soon as the one before it
+                        num, src = todo.pop(0)
+                        logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
+                        running.append(_Running(num, src, out_dir, params, profile, timeout or 1800,
+                                                threaded=at_once > 1))
+                        if bar is not None:
+                            bar.set_postfix_str(" + ".join(r.src.name for r in running))
+                    row = running[0].result()  # the oldest: rows, the index and the bar stay in notebook order
+                    running.pop(0)
+                    rows.append(row)
+                    write_index(out_dir, rows, meta)
+                    if bar is not None:
+                        bar.update(1)
         except KeyboardInterrupt as e:
-            # Ctrl-C or SIGTERM: papermill has interrupted and killed the running kernel (kernels.RunKernelManager);
-            # end any other kernel (one still starting), then keep what was run. The shared cluster stops as the
-            # block exits; the CLI ends whatever is left and counts it (interrupts.finish).
+            # Ctrl-C or SIGTERM: papermill has interrupted and killed the kernel of a notebook run in this thread
+            # (kernels.RunKernelManager); every other kernel is ended here (one still starting, one run beside it).
+            # Then keep what was run. The shared cluster stops as the block exits; the CLI ends whatever is left
+            # and counts it (interrupts.finish).
             why = str(e) or "Ctrl-C"
             stop_kernels()
             try:
-                if current is not None:
-                    num, src = current
-                    rows.append(_finish_row(_row(num, src, "interrupted", f"KeyboardInterrupt: interrupted ({why})",
-                                                 time.perf_counter() - t0), out_dir / src.name))
+                for r in running:
+                    rows.append(r.interrupted(f"KeyboardInterrupt: interrupted ({why})"))
                 done = {r["notebook"] for r in rows}
                 rows += [_row(n, s, "not run", "not run: the run was interrupted", 0.0) for n, s in chosen
                          if n not in done]
@@ -408,8 +429,13 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
             kept = (f"notebook(s) {', '.join(ok)} finished and their records are kept in {out_dir / 'results.json'}"
                     if ok else f"no notebook had finished; {out_dir / 'results.json'} is as it was")
             raise ReportWriteError(e.path, e.error, kept) from e.__cause__
+        finally:
+            if bar is not None:
+                bar.close()
     failed = [r["file"] for r in rows if r["status"] != "ok"]
-    logger.info("report: %s (%d notebooks, %d failed)", out_dir / "index.html", len(rows), len(failed))
+    logger.info("report: %s (%d notebooks, %d failed, %d at a time; %.0f s in all)",
+                out_dir / "index.html", len(rows), len(failed), meta.get("notebooks_at_once", 1),
+                time.perf_counter() - started)
     faults = [r for r in rows if r["status"] == "cluster fault"]
     if faults:  # exit 3 with the fault's own line, as `probe` prints it (the notebook's HTML has the rest)
         print(f"moe-lab run: {faults[0]['file']}: {faults[0]['error']}", file=sys.stderr)
@@ -444,6 +470,83 @@ def _size_for_this_cpu(cluster, config, profile: str, overrides: dict, notebooks
 
 
 SHARED_FILE = ".moe_lab-cluster.json"
+TURN_FILE = ".moe_lab-engines.lock"
+OVERLAP_ENV = "MOE_LAB_OVERLAP"
+
+
+def notebooks_at_once(n_notebooks: int) -> int:
+    """Notebooks a run executes at once: 2 (the next one starts while the current one draws its figures and pages,
+    their cases taking turns on the engines: `controller.turns`) where there are several; MOE_LAB_OVERLAP=0, or a
+    single notebook, gives 1."""
+    return 1 if n_notebooks < 2 or switches.forced(OVERLAP_ENV) is False else 2
+
+
+@contextlib.contextmanager
+def engine_turns(out_dir: Path, at_once: int):
+    """For a run of `at_once` > 1 notebooks: the engines' turn file in the report folder, named to the kernels in
+    MOE_LAB_ENGINE_TURN (they inherit it), unnamed and removed afterwards, whatever happened."""
+    from ..controller import turns
+
+    if at_once < 2:
+        yield
+        return
+    path = out_dir / TURN_FILE
+    os.environ[turns.ENV] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop(turns.ENV, None)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+
+
+class _Running:
+    """One notebook of the run: executed by `run_one` in a thread of its own where notebooks run at once (the main
+    thread waits for the oldest and takes the signals), else in the caller's thread when its result is asked for."""
+
+    def __init__(self, num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float, *,
+                 threaded: bool):
+        import threading
+
+        self.num, self.src, self.out_dir = num, src, out_dir
+        self._args = (num, src, out_dir, params, profile, timeout)
+        self.t0 = time.perf_counter()
+        self._row: dict | None = None
+        self._error: BaseException | None = None
+        self._thread = None
+        if threaded:  # a daemon: an interrupted run never waits at exit for a thread its kernel's end left behind
+            self._thread = threading.Thread(target=self._work, name=f"notebook-{num}", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            self._row = run_one(*self._args, cell_bar=False if self._thread is not None else None)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread by result()
+            self._error = e
+
+    def result(self) -> dict:
+        """Its index row once it has run (what run_one raised, raised here)."""
+        if self._thread is None:
+            self.t0 = time.perf_counter()
+            self._work()
+        else:
+            while self._thread.is_alive():
+                self._thread.join(0.2)  # short joins: Ctrl-C reaches the main thread while it waits
+        if self._error is not None:
+            raise self._error
+        return self._row
+
+    def interrupted(self, why: str) -> dict:
+        """Its row after an interrupt: 'interrupted', with its title, pages and what its notebook holds where its
+        thread has ended (bounded by the interrupt's budget: its kernel was ended by `stop_kernels`)."""
+        if self._thread is not None:
+            self._thread.join(max(0.0, min(3.0, interrupts.deadline() - 4.0 - time.monotonic())))
+            if self._row is not None and self._row["status"] == "ok":  # it had finished before the signal
+                return self._row
+            if self._thread.is_alive():  # still writing its notebook: the row without what the file holds
+                return _row(self.num, self.src, "interrupted", why, time.perf_counter() - self.t0)
+        return _finish_row(_row(self.num, self.src, "interrupted", why, time.perf_counter() - self.t0),
+                           self.out_dir / self.src.name)
 
 
 def _shared_cluster(config, out_dir: Path, n_notebooks: int):

@@ -138,7 +138,8 @@ def _quiet(stderr: str) -> list[str]:
 def test_a_signal_to_run_on_the_shared_cluster_stops_everything_within_10_s(tmp_path, sig, label, code):
     """SIGTERM / Ctrl-C while notebook 01's cell keeps the run's shared cluster busy: exit code, the true count (the
     kernel, the controller and its schedulers, 4 engines and their nannies, the watchdog), nothing left, no noise;
-    the index marks 01 interrupted and 02, 03 not run."""
+    the index marks 01 interrupted, 02 (which runs beside 01 and uses no engines) ran or interrupted, 03 not run
+    (at most two notebooks at once)."""
     nbs, out = _notebooks(tmp_path / "nbs"), tmp_path / "out"
     c = Command([sys.executable, "-c", RUN, str(nbs), str(out)])
     c.wait_for(lambda: (out / "ready.json").exists(), "notebook 01 on the shared cluster")
@@ -153,7 +154,8 @@ def test_a_signal_to_run_on_the_shared_cluster_stops_everything_within_10_s(tmp_
     assert _quiet(err) == [], err[-5000:]
     assert c.left() == []
     rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
-    assert rows["01"]["status"] == "interrupted" and rows["02"]["status"] == rows["03"]["status"] == "not run"
+    assert rows["01"]["status"] == "interrupted" and rows["03"]["status"] == "not run"
+    assert rows["02"]["status"] in ("ok", "interrupted"), rows["02"]
 
 
 @pytest.mark.notebook

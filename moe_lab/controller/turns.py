@@ -1,0 +1,76 @@
+"""Controller side: the engines' turns when notebooks run two at a time.
+
+`moe-lab run` executes the next notebook while the current one draws its figures and pages (`reporting.runner`):
+two kernels at once, one set of engines. Every case a notebook measures goes through `experiments.protocol.run`,
+which takes the engines' turn (`engines_turn`) for all its groups: one kernel's cases at a time, each case's calls
+whole on every rank (two kernels' calls interleaved on the engines would pair one rank's collective with another
+case's), and a cluster of a notebook's own (another release, EP=1) never beside the shared one. The turn is an
+exclusive `flock` on the file MOE_LAB_ENGINE_TURN names, so it is released by the kernel's exit too: a kernel that
+dies holding it blocks nobody. Without that variable (a notebook run by hand, a test) a turn is taken at once.
+
+Records say how many notebooks ran at once (`notebooks_at_once`): a cost measured on a CPU then shared its cores
+with the other kernel's figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+
+logger = logging.getLogger("moe_lab.controller.cluster")
+
+ENV = "MOE_LAB_ENGINE_TURN"
+POLL_S = 0.05
+NOTE_AFTER_S = 1.0  # a wait longer than this is said in the log
+
+_held = threading.local()
+
+
+def notebooks_at_once() -> int:
+    """How many notebooks this run executes at once: 2 where the runner set the engines' turn file, else 1."""
+    return 2 if os.environ.get(ENV) else 1
+
+
+@contextlib.contextmanager
+def engines_turn(what: str = ""):
+    """Hold the engines for the block (see the module docstring); yields the seconds waited. Re-entrant in a thread;
+    Ctrl-C while waiting raises KeyboardInterrupt as anywhere else."""
+    path = os.environ.get(ENV)
+    if not path or getattr(_held, "depth", 0):
+        _held.depth = getattr(_held, "depth", 0) + 1
+        try:
+            yield 0.0
+        finally:
+            _held.depth -= 1
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OSError(e.errno, f"the engines' turn file ({ENV}) cannot be opened: {e.strerror}; unset {ENV} to "
+                               "run without turns (one notebook at a time)", path) from e
+    try:
+        t0 = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(POLL_S)
+        waited = time.monotonic() - t0
+        if waited > NOTE_AFTER_S:
+            logger.info("%swaited %.1f s for the engines (the other notebook's cases ran)",
+                        f"{what}: " if what else "", waited)
+        _held.depth = 1
+        try:
+            yield waited
+        finally:
+            _held.depth = 0
+    finally:
+        os.close(fd)  # releases the lock
+
+
+__all__ = ["ENV", "engines_turn", "notebooks_at_once"]

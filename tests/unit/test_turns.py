@@ -1,0 +1,107 @@
+"""The engines' turns (controller.turns): with MOE_LAB_ENGINE_TURN named, a process's cases wait while another
+process holds the engines, and go on once it lets go — or dies holding them; without it a turn is taken at once.
+The holder is a real second process (a kernel is one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from moe_lab.controller import turns
+from moe_lab.experiments import protocol
+
+HOLDER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from moe_lab.controller import turns
+    with turns.engines_turn("holder"):
+        Path(sys.argv[1]).write_text("held")
+        while not Path(sys.argv[2]).exists():
+            time.sleep(0.02)
+        time.sleep(float(sys.argv[3]))
+""")
+
+
+def _holder(tmp_path, monkeypatch, hold_s: float):
+    lock = tmp_path / "engines.lock"
+    monkeypatch.setenv(turns.ENV, str(lock))
+    held, go = tmp_path / "held", tmp_path / "go"
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(held), str(go), str(hold_s)])
+    deadline = time.monotonic() + 60
+    while not held.exists():
+        assert p.poll() is None and time.monotonic() < deadline, "the holder never took the engines"
+        time.sleep(0.02)
+    return p, go
+
+
+def test_a_turn_waits_while_another_process_holds_the_engines_and_goes_on_when_it_lets_go(tmp_path, monkeypatch):
+    p, go = _holder(tmp_path, monkeypatch, 0.6)
+    go.touch()  # the holder keeps the engines 0.6 s more, then lets go
+    t0 = time.monotonic()
+    with turns.engines_turn() as waited:
+        took = time.monotonic() - t0
+    p.wait(timeout=30)
+    assert took >= 0.4 and waited >= 0.4, (took, waited)
+    assert turns.notebooks_at_once() == 2
+    # the control: nobody holds the engines now, so the next turn is taken at once
+    t0 = time.monotonic()
+    with turns.engines_turn() as waited:
+        assert time.monotonic() - t0 < 0.3 and waited < 0.3
+
+
+def test_a_holder_that_dies_holding_the_engines_blocks_nobody(tmp_path, monkeypatch):
+    p, _ = _holder(tmp_path, monkeypatch, 0.0)
+    p.kill()  # killed mid-turn, as a kernel ended by Ctrl-C or the OOM killer
+    p.wait(timeout=30)
+    t0 = time.monotonic()
+    with turns.engines_turn():
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_a_turn_is_reentrant_and_without_the_variable_taken_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv(turns.ENV, str(tmp_path / "engines.lock"))
+    with turns.engines_turn():
+        with turns.engines_turn() as inner:  # a second flock of the same file by this process would wait forever
+            assert inner == 0.0
+    monkeypatch.delenv(turns.ENV)
+    assert turns.notebooks_at_once() == 1
+    with turns.engines_turn() as waited:
+        assert waited == 0.0
+
+
+def test_a_turn_file_that_cannot_be_opened_is_said_with_the_variable_and_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv(turns.ENV, str(tmp_path / "missing" / "engines.lock"))
+    with pytest.raises(OSError, match=rf"the engines' turn file \({turns.ENV}\) cannot be opened: .*unset {turns.ENV}"):
+        with turns.engines_turn():
+            pass
+
+
+def test_protocol_run_takes_the_engines_turn_for_its_cases(tmp_path, monkeypatch):
+    """The control for the protocol: a holder in another process keeps protocol.run from starting its cases (its
+    experiment's first engine call would come while the other process holds the engines)."""
+    p, go = _holder(tmp_path, monkeypatch, 0.0)
+    started = []
+
+    class Planned(Exception):
+        pass
+
+    def plan(*a, **k):  # the first thing protocol.run does inside its turn
+        started.append(time.monotonic())
+        raise Planned
+
+    monkeypatch.setattr(protocol, "_plan", plan)
+    import threading
+
+    t = threading.Timer(0.5, go.touch)
+    t.start()
+    t0 = time.monotonic()
+    with pytest.raises(Planned):
+        protocol.run(type("E", (), {"NAME": "x", "cases": staticmethod(lambda c: [])}), None, cases=[],
+                     cluster=type("C", (), {"config": None})())
+    t.join()
+    p.wait(timeout=30)
+    assert started and started[0] - t0 >= 0.4, "protocol.run planned its cases while another process held the engines"
