@@ -311,6 +311,20 @@ def capture_routing(router, keep):
         del router.routing  # the class's method again
 
 
+def parallel_state_kwargs(backend: str | None) -> dict:
+    """`initialize_model_parallel`'s extra arguments for a process group of `backend`: where gloo is the default
+    backend, megatron's gloo copies of its data-parallel groups (`create_gloo_process_groups`, 0.12+; used by its
+    distributed optimizer and checkpointing, which run on NCCL only) would be second gloo groups of the same ranks:
+    not made (3 of 20 groups a layout on 4 CPU engines)."""
+    import inspect
+
+    from megatron.core import parallel_state as ps
+
+    if backend == "gloo" and "create_gloo_process_groups" in inspect.signature(ps.initialize_model_parallel).parameters:
+        return {"create_gloo_process_groups": False}
+    return {}
+
+
 def megatron_ddp_and_optimizer(module, transformer_config, *, lr: float, weight_decay: float, betas: tuple,
                                eps: float, clip_grad: float, grad_reduce_in_fp32: bool = False):
     """megatron-core's own DistributedDataParallel around `module` and get_megatron_optimizer over it (Adam, bf16
