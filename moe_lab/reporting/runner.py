@@ -394,7 +394,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         try:
             with engine_turns(out_dir, at_once):
                 while todo or running:
-                    while todo and len(running) < at_once:  # the next notebook starts as soon as the one before it
+                    while todo and len(running) < at_once:  # at most `at_once`: the next starts as the oldest ends
                         num, src = todo.pop(0)
                         logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
                         running.append(_Running(num, src, out_dir, params, profile, timeout or 1800,
