@@ -23,11 +23,19 @@ from ..controller import interrupts
 logger = logging.getLogger(__name__)
 
 CELL_STOP_S = 4.0  # at most this long for an interrupted cell to stop what it started
+STOPPING = threading.Event()
+"""Set by the runner when it ends the kernels of notebooks still running beside one whose failure stops the run:
+their stderr (a kernel killed mid-start prints a ZMQError traceback) is dropped from then on, as after Ctrl-C."""
+
+
+def quiet() -> bool:
+    """Whether the kernels' stderr is dropped now: after a signal, or while the runner ends them (`STOPPING`)."""
+    return bool(interrupts.interrupted()) or STOPPING.is_set()
 
 
 def _forward(stream) -> None:
     for line in iter(stream.readline, b""):
-        if interrupts.interrupted():
+        if quiet():
             logger.debug("kernel stderr after the interrupt: %s", line.decode(errors="replace").rstrip())
             continue
         try:

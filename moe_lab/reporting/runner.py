@@ -165,7 +165,9 @@ def run_one(num: str, src: Path, out_dir: Path, params: dict, profile: str, time
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 - a failing notebook still gets its HTML and an index row
-        if interrupts.interrupted():  # its kernel was ended by the run's interrupt: the main thread marks its page
+        from .kernels import quiet
+
+        if quiet():  # its kernel was ended by the run's interrupt or failure: the main thread says so
             return _row(num, src, "interrupted", "", time.perf_counter() - t0)
         _raise_if_write_failed(e, out_dir)
         status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
@@ -367,6 +369,9 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     os.environ[HEADLESS_ENV] = "1"  # kernels inherit it: no progress bars inside the reports (protocol.progress_bar)
     os.environ["MOE_LAB_RUN_ID"] = f"{os.getpid()}-{time.time():.0f}"  # and the run id (protocol.note_run)
     rows, started = [], time.perf_counter()
+    from .kernels import STOPPING
+
+    STOPPING.clear()  # a new run in a long-lived process: no earlier run's stop counts
     meta = _meta(profile, config)
     meta.update(profile_about=config.about, overridden=sorted(overrides or {}))
     try:
@@ -430,6 +435,8 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                     if ok else f"no notebook had finished; {out_dir / 'results.json'} is as it was")
             raise ReportWriteError(e.path, e.error, kept) from e.__cause__
         finally:
+            if not interrupts.interrupted():  # a failure stops the run: end what still runs beside it, quietly
+                _stop_beside(running)
             if bar is not None:
                 bar.close()
     failed = [r["file"] for r in rows if r["status"] != "ok"]
@@ -500,6 +507,23 @@ def engine_turns(out_dir: Path, at_once: int):
             path.unlink(missing_ok=True)
 
 
+def _stop_beside(running: list) -> None:
+    """The notebooks still running when the run stops on another one's failure (a report file it could not write):
+    their kernels ended (`stop_kernels`, until their threads end, at most 3 s) with their stderr dropped
+    (`kernels.STOPPING`), so the run's one line is its last and no kernel is left."""
+    from .kernels import STOPPING
+
+    alive = [r for r in running if r.alive()]
+    if not alive:
+        return
+    STOPPING.set()
+    until = time.monotonic() + 3.0
+    while any(r.alive() for r in alive) and time.monotonic() < until:
+        stop_kernels()  # again while a thread lives: a kernel still being launched is a child only once started
+        for r in alive:
+            r.join(0.2)
+
+
 class _Running:
     """One notebook of the run: executed by `run_one` in a thread of its own where notebooks run at once (the main
     thread waits for the oldest and takes the signals), else in the caller's thread when its result is asked for."""
@@ -523,6 +547,13 @@ class _Running:
             self._row = run_one(*self._args, cell_bar=False if self._thread is not None else None)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by result()
             self._error = e
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def result(self) -> dict:
         """Its index row once it has run (what run_one raised, raised here)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -69,3 +71,51 @@ def test_control_one_notebook_at_a_time_without_overlap(tmp_path, monkeypatch):
     assert index["meta"]["notebooks_at_once"] == 1 and all(t[n]["at_once"] == 1 for n in t)
     assert t["02"]["start"] >= t["01"]["end"] and t["03"]["start"] >= t["02"]["end"]
     assert "Two notebooks at a time" not in (out / "index.html").read_text()
+
+
+RUN = ("import sys; from pathlib import Path; from moe_lab import cli; from moe_lab.reporting import runner; "
+       "runner.run_all.__kwdefaults__['nb_dir'] = Path(sys.argv[1]); "
+       "sys.exit(cli.main(['--log', sys.argv[3], 'run', '--profile', 'cpu', '--out', sys.argv[2]]))")
+
+
+@pytest.mark.parametrize("wait", [0.5, 1.5, 3.0], ids=["03-not-started", "03-starting", "03-in-its-cell"])
+def test_a_failure_that_stops_the_run_ends_the_notebook_beside_it_quietly(tmp_path, wait):
+    """02 leaves a directory where its page goes, so the run stops on a file it cannot write (exit 3, one line),
+    while 03 (started as 01 ended: a 60 s cell) runs beside it, caught before, while or after its kernel starts:
+    03's kernel is ended with the run — no traceback from it (a kernel killed while it started printed a ZMQError
+    one), nothing left running, the run's line the last, in far less than 60 s."""
+    import psutil
+
+    nbs = _notebooks(tmp_path / f"nbs-{wait}", {
+        "01": "print('01 done')",
+        "02": f"import os, time\ntime.sleep({wait})\nos.mkdir(os.path.join(out_dir, '02_t.html'))\nprint('02 done')",
+        "03": "import time\ntime.sleep(60)\nprint('03 done')",
+    })
+    out, log = tmp_path / "out", tmp_path / "error.log"
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-c", RUN, str(nbs), str(out), str(log)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_OVERLAP": "1",
+                              "MOE_LAB_TEST_MARK": str(out)})
+    rc = p.wait(timeout=120)
+    dt = time.monotonic() - t0
+    err = p.stderr.read()
+    print(f"TIME a failure beside a running notebook → exit {rc}: {dt:.1f} s")
+    last = err.strip().splitlines()[-1]
+    assert rc == 3, err[-3000:]
+    assert last.startswith(f"moe-lab run: failed: cannot write {out / '02_t.html'} (Is a directory)"), err[-3000:]
+    assert "Traceback" not in err and "ZMQError" not in err, err[-5000:]
+    assert dt < 45, dt
+    time.sleep(0.5)
+    left = [q.pid for q in psutil.process_iter(["pid"]) if _marked(q, out)]
+    assert left == []
+
+
+def _marked(q, out) -> bool:
+    import psutil
+
+    try:
+        return q.pid != os.getpid() and q.environ().get("MOE_LAB_TEST_MARK") == str(out) and \
+            q.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -16,7 +16,9 @@ A notebook kernel SIGSTOPped mid-cell: the cell times out and the index row says
 which cell, after how long — never papermill's `CellTimeoutError: -------------------`.
 
 Three small notebooks, no cluster (MOE_LAB_SHARE_CLUSTER=0): 01 and 03 append a record, 02 waits for `go` (outside
-the folder) and then appends its own. Each test prints `TIME <what>: <seconds>`; docs/faults.md quotes them.
+the folder) and then appends its own; one notebook at a time (MOE_LAB_OVERLAP=0), so that 01's files are all the
+folder holds when it breaks (two at a time, which notebook writes first is a race; a notebook beside a failing one:
+tests/cluster/test_overlap.py). Each test prints `TIME <what>: <seconds>`; docs/faults.md quotes them.
 """
 
 import json
@@ -70,7 +72,8 @@ def _setup(tmp_path: Path) -> tuple[Path, Path, Path]:
 def _start(nbs: Path, out: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", RUN, str(nbs), str(out), str(log)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_TEST_MARK": str(out)})
+                            env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_OVERLAP": "0",
+                                 "MOE_LAB_TEST_MARK": str(out)})
 
 
 def _left(out: Path) -> list[int]:
@@ -211,7 +214,8 @@ def test_a_disk_that_fills_up_mid_run_is_exit_3_naming_results_json_and_the_resu
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-c", RUN, str(nbs), str(out), str(log)], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, preexec_fn=limited,
-                         env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_TEST_MARK": str(out)})
+                         env={**os.environ, "MOE_LAB_SHARE_CLUSTER": "0", "MOE_LAB_OVERLAP": "0",
+                              "MOE_LAB_TEST_MARK": str(out)})
     rc = p.wait(timeout=300)
     dt = time.monotonic() - t0
     err = p.stderr.read()
