@@ -276,6 +276,7 @@ def _output(get) -> str:
     except Exception:  # noqa: BLE001 - a diagnosis adds what it can; the exit status is said either way
         return ""
 
+
 def exit_status(cluster, pid: int) -> str:
     """'exit code N' / 'killed by SIGKILL' for an engine this process started (ipyparallel waits on it). Once
     ipyparallel has noticed the exit (promptly where its event loop runs, e.g. in a notebook's kernel) the engine's

@@ -24,6 +24,8 @@ import time
 logger = logging.getLogger("moe_lab.controller.cluster")
 
 ENV = "MOE_LAB_ENGINE_TURN"
+AT_ONCE = 2
+"""Notebooks `moe-lab run` executes at once where it has several and MOE_LAB_OVERLAP is not 0 (`reporting.runner`)."""
 POLL_S = 0.05
 NOTE_AFTER_S = 1.0  # a wait longer than this is said in the log
 
@@ -31,8 +33,8 @@ _held = threading.local()
 
 
 def notebooks_at_once() -> int:
-    """How many notebooks this run executes at once: 2 where the runner set the engines' turn file, else 1."""
-    return 2 if os.environ.get(ENV) else 1
+    """How many notebooks this run executes at once: AT_ONCE where the runner set the engines' turn file, else 1."""
+    return AT_ONCE if os.environ.get(ENV) else 1
 
 
 @contextlib.contextmanager
@@ -73,4 +75,4 @@ def engines_turn(what: str = ""):
         os.close(fd)  # releases the lock
 
 
-__all__ = ["ENV", "engines_turn", "notebooks_at_once"]
+__all__ = ["AT_ONCE", "ENV", "engines_turn", "notebooks_at_once"]

@@ -36,7 +36,7 @@ def quiet() -> bool:
 def _forward(stream) -> None:
     for line in iter(stream.readline, b""):
         if quiet():
-            logger.debug("kernel stderr after the interrupt: %s", line.decode(errors="replace").rstrip())
+            logger.debug("kernel stderr dropped (interrupted or stopping): %s", line.decode(errors="replace").rstrip())
             continue
         try:
             sys.stderr.write(line.decode(errors="replace"))

@@ -482,10 +482,12 @@ OVERLAP_ENV = "MOE_LAB_OVERLAP"
 
 
 def notebooks_at_once(n_notebooks: int) -> int:
-    """Notebooks a run executes at once: 2 (the next one starts while the current one draws its figures and pages,
-    their cases taking turns on the engines: `controller.turns`) where there are several; MOE_LAB_OVERLAP=0, or a
-    single notebook, gives 1."""
-    return 1 if n_notebooks < 2 or switches.forced(OVERLAP_ENV) is False else 2
+    """Notebooks a run executes at once: `turns.AT_ONCE` (the next one starts while the current one draws its figures
+    and pages, their cases taking turns on the engines) where there are several; MOE_LAB_OVERLAP=0, or a single
+    notebook, gives 1."""
+    from ..controller import turns
+
+    return 1 if n_notebooks < 2 or switches.forced(OVERLAP_ENV) is False else turns.AT_ONCE
 
 
 @contextlib.contextmanager
@@ -561,8 +563,8 @@ class _Running:
             self.t0 = time.perf_counter()
             self._work()
         else:
-            while self._thread.is_alive():
-                self._thread.join(0.2)  # short joins: Ctrl-C reaches the main thread while it waits
+            while self.alive():
+                self.join(0.2)  # short joins: Ctrl-C reaches the main thread while it waits
         if self._error is not None:
             raise self._error
         return self._row
@@ -571,10 +573,10 @@ class _Running:
         """Its row after an interrupt: 'interrupted', with its title, pages and what its notebook holds where its
         thread has ended (bounded by the interrupt's budget: its kernel was ended by `stop_kernels`)."""
         if self._thread is not None:
-            self._thread.join(max(0.0, min(3.0, interrupts.deadline() - 4.0 - time.monotonic())))
+            self.join(max(0.0, min(3.0, interrupts.deadline() - 4.0 - time.monotonic())))
             if self._row is not None and self._row["status"] == "ok":  # it had finished before the signal
                 return self._row
-            if self._thread.is_alive():  # still writing its notebook: the row without what the file holds
+            if self.alive():  # still writing its notebook: the row without what the file holds
                 return _row(self.num, self.src, "interrupted", why, time.perf_counter() - self.t0)
         return _finish_row(_row(self.num, self.src, "interrupted", why, time.perf_counter() - self.t0),
                            self.out_dir / self.src.name)
