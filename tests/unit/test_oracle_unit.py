@@ -420,3 +420,28 @@ def test_tokens_routed_to_fewer_experts_are_not_rounding_at_any_margin(reorderin
     unknown = rule.judge_runs(stats, known, flipped_margins=small,
                               routed_counts={**{k: None for k in known}, "dropped": 3})
     assert unknown["dropped"].in_band
+
+
+def test_the_oracle_runs_each_layout_once_the_reference_first_and_lists_its_runs_as_always():
+    """The engine's jobs (truths, runs, faults) run layout-major: the reference layout's state first, each other
+    state once, each state's jobs in their own order."""
+    from moe_lab.layout import Layout
+    from moe_lab.questions.oracle.experiment import layout_major
+
+    layouts = ["ep4", "ep1", "tp2,ep2", "tp2,ep2,etp1"]
+    jobs = [("truth", None, s, None, 1) for s in layouts]
+    jobs += [("run", d, s, None, t) for d in ("allgather", "alltoall") for s in layouts for t in (1, 2)]
+    jobs += [("fault", d, s, f, 1) for d in ("allgather", "alltoall")
+             for f, s in (("swap_experts", "ep4"), ("etp_shard", "tp2,ep2"), ("capacity_drop", "tp2,ep2,etp1"))]
+
+    def state(job):
+        lay = Layout.parse(job[2]).on(4)
+        return lay.tp, lay.ep, lay.expert_tp
+
+    order = layout_major(jobs, "ep1", 4)
+    assert sorted(order) == sorted(jobs) and order[0] == ("truth", None, "ep1", None, 1)
+    runs = [state(j) for j in order]
+    assert sum(a != b for a, b in zip(runs, runs[1:])) == 3  # 4 states, each entered once
+    assert sum(a != b for a, b in zip(map(state, jobs), map(state, jobs[1:]))) > 3  # control: the listed order
+    for s in set(runs):
+        assert [j for j in order if state(j) == s] == [j for j in jobs if state(j) == s]

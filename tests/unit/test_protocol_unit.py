@@ -163,3 +163,31 @@ def test_note_run_counts_add_up_within_a_run_and_restart_with_the_next(tmp_path,
     assert protocol.resume_line("promotion", 0, 72, 4) == ("promotion: 0 case(s) measured now, 72 reused from "
                                                            "results.json (same key: code, layer, environment), 4 not "
                                                            "applicable to their release")
+
+
+def test_the_engines_measure_a_layouts_cases_together_and_the_records_keep_case_order(tmp_path, monkeypatch):
+    """A change of layout remakes megatron's process groups on every rank: the cases of one parallel state run
+    together, each state where its first case stands (the first case first), and the records come back in case
+    order. Sequence parallelism is not a state of its own. Control: the measured order differs from case order."""
+    from moe_lab.layout import Layout
+
+    monkeypatch.setattr(protocol, "expected_env", lambda ccfg, release, det: dict(ENV))
+    specs = ["ep2", "tp2,ep1", "ep2", "tp2,ep1,sp", "ep1", "tp2,ep1", "ep1"]
+
+    class Layouts(Fake):
+        @staticmethod
+        def cases(params):
+            return [_case(layout=Layout.parse(s), knobs={"i": i}, label=s) for i, s in enumerate(specs)]
+
+    c = FakeCluster()
+    recs = protocol.run(Layouts, {}, cluster=c, results=tmp_path / "r.json")
+    measured = [p["knobs"]["i"] for p in c.calls]
+    assert measured == [0, 2, 1, 3, 5, 4, 6] and measured != sorted(measured)
+    assert [r["value"] for r in recs] == [i * 10 + 1 for i in range(len(specs))]  # case order
+    states = [protocol.parallel_state_of(Layouts.cases({})[i], 2) for i in measured]
+    switches = sum(a != b for a, b in zip(states, states[1:]))
+    assert switches == 2 and len(set(states)) == 3  # each state once, against 5 switches in case order
+    resumed = FakeCluster()  # a resumed run measures only what is missing, in the same grouping
+    (tmp_path / "r.json").write_text(json.dumps([r for r in recs if r["value"] not in (21, 51)]))
+    protocol.run(Layouts, {}, cluster=resumed, results=tmp_path / "r.json")
+    assert [p["knobs"]["i"] for p in resumed.calls] == [2, 5]

@@ -263,40 +263,45 @@ def on_engine(payload: dict) -> dict:
 
     kn, moe = payload["knobs"], payload["moe"]
     rank0 = toolkit.tdist.get_rank() == 0
+    dispatchers = kn.get("dispatchers") or [moe["dispatcher"]]
     truth = _truth(moe, kn["reference"])
-    fp64_layouts = {}
+    jobs = [("truth", None, spec, None, 1) for spec in kn.get("truth_layouts", kn["layouts"])]
+    jobs += [("run", d, spec, None, t + 1) for d, spec in itertools.product(dispatchers, kn["layouts"])
+             for t in range(kn["trials"])]
+    jobs += [("fault", d, kn["fault_layouts"][f], f, 1) for d, f in itertools.product(dispatchers, kn["faults"])]
+    done: dict[tuple, tuple] = {}
+    for job in layout_major(jobs, kn["reference"], toolkit.world()):
+        what, d, spec, fault, _ = job
+        if what == "truth":
+            other = _truth(moe, spec)
+            if rank0:
+                dev = (other["out"] - truth["out"]).abs()
+                done[job] = ({"max_abs": float(dev.max()),
+                              "max_rel": float((dev / truth["out"].abs().clamp_min(1e-300)).max()),
+                              "routing_equal": bool(torch.equal(other["router.routing_map"],
+                                                                truth["router.routing_map"]))}, None)
+            if spec != kn["reference"]:  # only the reference's truth is needed after its comparison
+                STATE.get("oracle_truths", {}).pop(repr((sorted(moe.items()), spec)), None)
+            continue
+        stages, note = _run({**moe, "dispatcher": d}, spec, fault)
+        if fault:
+            notes = [None] * toolkit.world()
+            toolkit.tdist.all_gather_object(notes, note)
+            note = {"changed": sum(n["changed"] for n in notes)}
+        if rank0:
+            done[job] = (_measure(stages, truth, moe["topk"]), stages["out"], note)
+    fp64_layouts = {job[2]: done[job][0] for job in jobs if job[0] == "truth"} if rank0 else {}
     runs: list[dict] = []
     outs: dict[str, torch.Tensor] = {}
-    dispatchers = kn.get("dispatchers") or [moe["dispatcher"]]
-    for spec in kn.get("truth_layouts", kn["layouts"]):
-        other = _truth(moe, spec)
-        if rank0:
-            d = (other["out"] - truth["out"]).abs()
-            fp64_layouts[spec] = {"max_abs": float(d.max()),
-                                  "max_rel": float((d / truth["out"].abs().clamp_min(1e-300)).max()),
-                                  "routing_equal": bool(torch.equal(other["router.routing_map"],
-                                                                    truth["router.routing_map"]))}
-    truths = STATE.get("oracle_truths", {})
-    for key in [k for k in truths if k != repr((sorted(moe.items()), kn["reference"]))]:
-        truths.pop(key)  # only the reference's truth is needed from here on
-    for d, spec in itertools.product(dispatchers, kn["layouts"]):
-        for t in range(kn["trials"]):
-            stages, _ = _run({**moe, "dispatcher": d}, spec, None)
-            label = f"{d} {spec} run {t + 1}"
-            if rank0:
-                runs.append({"label": label, "dispatcher": d, "layout": spec, "fault": None, "trial": t + 1,
-                             **_measure(stages, truth, moe["topk"])})
-                outs[label] = stages["out"]
-    for d, fault in itertools.product(dispatchers, kn["faults"]):
-        spec = kn["fault_layouts"][fault]
-        stages, note = _run({**moe, "dispatcher": d}, spec, fault)
-        notes = [None] * toolkit.world()
-        toolkit.tdist.all_gather_object(notes, note)
-        if rank0:
-            label = f"{d} {spec} + {fault}"
-            runs.append({"label": label, "dispatcher": d, "layout": spec, "fault": fault, "trial": 1,
-                         "changed": sum(n["changed"] for n in notes), **_measure(stages, truth, moe["topk"])})
-            outs[label] = stages["out"]
+    for job in jobs if rank0 else ():  # in the order the record has always listed them: runs, then faults
+        what, d, spec, fault, trial = job
+        if what == "truth":
+            continue
+        measured, out, note = done[job]
+        label = f"{d} {spec} + {fault}" if fault else f"{d} {spec} run {trial}"
+        runs.append({"label": label, "dispatcher": d, "layout": spec, "fault": fault, "trial": trial,
+                     **({"changed": note["changed"]} if fault else {}), **measured})
+        outs[label] = out
     if not rank0:
         return {"rank": toolkit.tdist.get_rank()}
     from . import rule_torch
@@ -305,6 +310,21 @@ def on_engine(payload: dict) -> dict:
              for a, b in _pairs(runs, kn["reference"])]
     return {"rank": 0, "runs": runs, "pairs": pairs, "fp64_layouts": fp64_layouts,
             "truth": {"layout": kn["reference"], "elements": int(truth["out"].numel())}}
+
+
+def layout_major(jobs: list[tuple], reference: str, world: int) -> list[tuple]:
+    """The order this engine runs `jobs` (each (what, dispatcher, layout spec, fault, trial)) in: the jobs of one
+    megatron parallel state together, the reference's state first, each other where its first job stands, jobs of a
+    state in their own order. A change of state remakes the process groups on every rank and drops the cached layers;
+    the record lists the runs in `jobs` order whatever order they ran in."""
+    def state(spec: str) -> tuple:
+        lay = Layout.parse(spec).on(world)
+        return lay.tp, lay.ep, lay.expert_tp
+
+    first = {state(reference): 0}
+    for job in jobs:
+        first.setdefault(state(job[2]), len(first))
+    return sorted(jobs, key=lambda job: first[state(job[2])])
 
 
 def _pairs(runs: list[dict], reference: str) -> list[tuple[str, str]]:

@@ -35,6 +35,10 @@ from .layouts_record import LayoutRecord
 from ...experiments.protocol import Case
 
 NAME = "layouts"
+REFERENCES_KEPT = 8
+"""Reference outputs an engine keeps (one per layer: dispatcher, router dtype, deterministic mode). The runner
+measures a layout's cases together (`protocol.layout_major`), so every layer's reference is needed again at the next
+layout; one not kept is a switch to the reference layout and back."""
 NOTEBOOK = QUESTION.number
 STAGES = ("router.logits", "router.probs", "router.routing_map", "out")
 
@@ -102,7 +106,8 @@ def on_engine(payload: dict) -> dict:
     ref_key = repr((sorted(ref_moe.items()), reference))
     refs = STATE.setdefault("layout_references", {})
     if ref_key not in refs:  # computed once per reference layer on this engine (the cache is dropped on a restart)
-        refs.clear()
+        while len(refs) >= REFERENCES_KEPT:
+            refs.pop(next(iter(refs)))
         with toolkit.deterministic(moe["deterministic"]):
             refs[ref_key] = {k: v.clone() for k, v in _forward_stages(ref_moe, reference).items()}
     ref = refs[ref_key]
