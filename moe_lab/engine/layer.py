@@ -156,6 +156,39 @@ def fresh_layers(cfg: MoEConfig, layout: Layout, n: int) -> list:
     return [build(cfg.replace(seed=cfg.seed + i), lay)[0] for i in range(n)]
 
 
+CACHE_SHARE = 0.5
+"""On a GPU, the cached layers and the one being built may take at most this share of the rank's part of the GPU
+(its memory over the ranks sharing it): the rest is for activations, gradients and fp64 truths. The seed layer at
+EP 1 takes 17 GB a rank, four ranks sharing one H200 have 35 GB each: two such layers are never kept together."""
+
+
+def _shape(key: tuple) -> tuple:
+    return tuple(key[_LAYER_KEYS.index(k)] for k in ("hidden", "num_experts", "topk", "ffn_hidden", "dtype"))
+
+
+def layer_bytes(layer) -> int:
+    return sum(p.numel() * p.element_size() for p in layer.parameters())
+
+
+def gpu_share_bytes() -> int:
+    """This rank's part of its GPU's memory: the GPU's total over the ranks that share it."""
+    total = torch.cuda.get_device_properties(STATE["torch_device"]).total_memory
+    return total // max(1, STATE.get("ranks_per_gpu") or 1)
+
+
+def evictions(cached: dict, need: int, budget: float) -> list:
+    """The cached layers (key → bytes, least recently used first) to drop before a layer of `need` bytes is built so
+    the cache and it fit in `budget` bytes: the least recently used first, as few as that takes. The same on every
+    rank of a layout (their layers' shares are the same size), so the ranks build and drop alike."""
+    out, held = [], sum(cached.values())
+    for k, size in cached.items():
+        if held + need <= budget:
+            break
+        out.append(k)
+        held -= size
+    return out
+
+
 def get_layer(cfg: MoEConfig, layout: Layout | dict | None = None):
     """The MoE layer for `cfg` split as `layout` (None: `WORLD`) on this rank, built once per layer-defining config
     and layout (a warm cluster reuses it)."""
@@ -168,6 +201,10 @@ def get_layer(cfg: MoEConfig, layout: Layout | dict | None = None):
         while len(layers) >= MAX_LAYERS:  # a case and its plain reference; the seed config's experts take GBs
             layers.pop(next(iter(layers)))
         if STATE["device"] == "cuda":
+            sizes = {k: layer_bytes(v) for k, v in layers.items()}
+            like = [sizes[k] for k in layers if k[-1] == lay and _shape(k) == _shape(key)]
+            for k in evictions(sizes, max(like, default=0), gpu_share_bytes() * CACHE_SHARE):
+                layers.pop(k)
             torch.cuda.empty_cache()
         layer, n = build(cfg, lay)
         names = [name for name, _ in layer.named_parameters()]
