@@ -3,11 +3,11 @@
 On a CPU the bf16 GEMM decides how long the cpu profile takes: torch's CPU build sends bf16 GEMMs to oneDNN only where
 the CPU has bf16 instructions (AVX-512 BF16, AMX); an AVX2-only CPU takes torch's own loop, 9-50x its fp32 GEMM
 (docs/bench.md). So a run on the cpu profile first times one bf16 expert GEMM on an engine (`REFERENCE_SHAPE`, one
-thread, as the engines run), predicts each notebook's time from it with the line `CALIBRATION` measured on two runs of
-the profile (seconds = fixed + per_ms x the GEMM's ms), and, where the prediction is over the budget, runs a smaller
-layer: the experts' ffn width and the tokens per forward halved in turn (each step halves the GEMMs' work, `STEPS`),
-as few steps as the prediction says hold it. The report says what was measured, what was predicted and what was cut;
-records carry the layer they ran, so a sized run's cases are its own.
+thread, as the engines run), predicts each notebook's cases' time from it with the line `CALIBRATION` measured on two
+runs of the profile (seconds = fixed + per_ms x the GEMM's ms), adds what the run spends outside cases, and, where the
+prediction is over the budget, runs a smaller layer: the experts' ffn width and the tokens per forward halved in turn
+(each step halves the GEMMs' work, `STEPS`), as few steps as the prediction says hold it. The report says what was
+measured, what was predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
 
 Torch-free: the measurement runs on an engine (`engine.kernels.gemm_ms`), this module only does the arithmetic.
 """
@@ -22,16 +22,19 @@ hidden 256, ffn 512; x[M, K] @ w[N, K].T). Small M is where the AVX2 loop is slo
 9x at M 1024 on the AVX2 EPYC: docs/bench.md), so the reference is the layer's own M, not a large one."""
 
 CALIBRATION = {
-    "machine": "2-core AMD EPYC with avx512_bf16, torch 2.13.0+cpu, 2026-12-04 21:33-21:46 UTC (docs/bench.md)",
-    "gemm_ms": (0.10, 1.09),
-    "start_s": 16.5,
-    "notebooks": {"01": (24.9, 32.1), "02": (10.4, 9.7), "03": (43.8, 66.7), "04": (23.6, 33.7),
-                  "05": (41.0, 221.8), "06": (37.6, 40.5), "07": (13.5, 18.7), "08": (32.3, 36.6),
-                  "09": (5.9, 9.6)},
+    "machine": "2-core AMD EPYC with avx512_bf16, torch 2.13.0+cpu, two notebooks at a time, 2026-12-05 11:27-11:38 "
+               "UTC (docs/bench.md)",
+    "gemm_ms": (0.10, 1.08),
+    "start_s": 41.6,
+    "notebooks": {"01": (9.8, 11.8), "02": (1.6, 2.2), "03": (12.8, 26.5), "04": (11.0, 17.3), "05": (31.8, 179.3),
+                  "06": (16.8, 14.9), "07": (11.0, 15.3), "08": (15.2, 15.5), "09": (1.6, 3.8)},
 }
-"""Two runs of the cpu profile on one machine: oneDNN's bf16 GEMM, and torch's own loop (MOE_LAB_NO_CPU_BF16=1,
-ATEN_CPU_CAPABILITY=avx2). `gemm_ms`: the reference GEMM's ms in each; `start_s`: the command's start and the
-cluster's (no bf16 GEMM); `notebooks`: number → (seconds in the first run, in the second). A notebook not listed
+"""Two runs of the cpu profile on one machine at the profile's layer (`--budget 0`): oneDNN's bf16 GEMM, and torch's
+own loop (MOE_LAB_NO_CPU_BF16=1, ATEN_CPU_CAPABILITY=avx2). `gemm_ms`: the reference GEMM's ms in each;
+`notebooks`: number → the seconds its cases took on the engines in the first run, in the second (the sum of their
+`case_wall_s`: one notebook's cases at a time, the GEMMs' part of a run); `start_s`: the rest of the first run (153 s
+in all) — the command's start and the cluster's, kernel starts, notebook 03's release switches, and the figures and
+pages that running two notebooks at a time did not hide (38.5 s of the second run's 325 s). A notebook not listed
 (one added since) is left out of the prediction."""
 
 STEPS = (("ffn_hidden", 2), ("seq_len", 2), ("ffn_hidden", 2), ("seq_len", 2), ("ffn_hidden", 2))
