@@ -12,14 +12,57 @@ logger = logging.getLogger(__name__)
 
 
 def visible_gpus() -> int:
-    """GPUs torch can see from the controller (0 without CUDA). A torch built without CUDA or ROCm sees none, which
-    its version file says without importing it (1.5 s on a 2-core CPU, paid by every command that picks the device
-    itself); any other build is asked, importing torch."""
-    if _torch_build() == (None, None):
+    """GPUs torch can see from the controller (0 without CUDA), without importing torch where that can be known
+    otherwise: a torch built without CUDA or ROCm sees none, which its version file says (importing torch takes 1.5 s
+    on a 2-core CPU, paid by every command that picks the device itself); a CUDA build with every GPU visible (no
+    CUDA_VISIBLE_DEVICES) and no MIG sees the GPUs the driver's NVML counts — seconds a cold GPU command would
+    otherwise spend importing torch before its engines start. Any other build or setting is asked, importing torch."""
+    build = _torch_build()
+    if build == (None, None):
         return 0
+    names = _nvml_names() if build and build[0] else None
+    if names is not None:
+        return len(names)
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _nvml_names() -> list[str] | None:
+    """The names of the GPUs CUDA numbers as NVML does, from NVML's Python binding, where that holds without
+    asking CUDA: every GPU visible (no CUDA_VISIBLE_DEVICES), none in MIG mode, and all of one kind (CUDA's default
+    order, fastest first, then matches NVML's in every name). None otherwise, or without the binding or a driver."""
+    import os
+
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return None
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: torch is asked, and says so
+        return None
+    try:
+        names = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                if pynvml.nvmlDeviceGetMigMode(h)[0]:
+                    return None
+            except pynvml.NVMLError:  # a GPU without MIG support
+                pass
+            name = pynvml.nvmlDeviceGetName(h)
+            names.append(name.decode() if isinstance(name, bytes) else str(name))
+        return names if len(set(names)) <= 1 else None
+    except Exception:  # noqa: BLE001 - any NVML failure: torch is asked
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 _BUILD = re.compile(r"""^(cuda|hip)\s*(?::[^=\n]*)?=\s*(None|'[^'\n]*'|"[^"\n]*")\s*$""", re.M)
@@ -43,7 +86,12 @@ def _torch_build() -> tuple | None:
 
 
 def gpu_name(index: int = 0) -> str | None:
-    """The name torch gives GPU `index` ("NVIDIA H200"), as the engines report it; None without CUDA."""
+    """The name torch gives GPU `index` ("NVIDIA H200"), as the engines report it; None without CUDA. NVML's name
+    where it is CUDA's (`_nvml_names`: the controller need not import torch), else torch's."""
+    build = _torch_build()
+    names = _nvml_names() if build and build[0] else None
+    if names and index < len(names):
+        return names[index]
     import torch
 
     if not torch.cuda.is_available():

@@ -222,3 +222,24 @@ def test_notebook_08s_statistics_on_the_gpu_are_the_hosts():
     assert rule_torch.pair_gap(other, run) == rule.pair_gap(other.cpu(), run.cpu())
     assert rule_torch.pair_gap(other, run).differ == 1 and rule_torch.pair_gap(run, run).differ == 0
     assert np.isfinite(got["out/all"]["p999"])
+
+
+@pytest.mark.gpu
+def test_the_controller_counts_and_names_the_gpus_as_torch_does_without_importing_it():
+    """A cold GPU command starts its engines without importing torch in the controller first: NVML's count and name
+    where they are CUDA's. Compared with torch's own answer in another process (the control: that one imports it)."""
+    import json
+    import subprocess
+    import sys
+
+    lab = subprocess.run([sys.executable, "-c", "import json, sys; from moe_lab.controller import placement as p; "
+                          "print(json.dumps([p.visible_gpus(), p.gpu_name(0), 'torch' in sys.modules]))"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    ref = subprocess.run([sys.executable, "-c", "import json, sys, torch; print(json.dumps([torch.cuda.device_count(), "
+                          "torch.cuda.get_device_name(0), 'torch' in sys.modules]))"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    got, want = json.loads(lab.stdout), json.loads(ref.stdout)
+    print("controller:", got, "torch:", want)
+    assert got[:2] == want[:2] and want[2]
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        assert got[2] is False, "the controller imported torch to count or name the GPUs (is pynvml installed?)"

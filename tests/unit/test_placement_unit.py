@@ -128,5 +128,71 @@ def test_a_cpu_build_of_torch_is_known_from_its_version_file_without_importing_i
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: asked.append(1) or True,
                                                             device_count=lambda: 3))
     monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(placement, "_nvml_names", lambda: None)  # no NVML binding: torch is the one asked
     assert placement._torch_build() == build
     assert placement.visible_gpus() == (3 if gpus_asked else 0) and bool(asked) == gpus_asked
+
+
+class FakeNVML:
+    """NVML's Python binding (pynvml) as far as `placement` uses it."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, names, mig=(), no_mig=(), fail_init=False):
+        self.names, self.mig, self.no_mig, self.fail_init, self.shut = names, set(mig), set(no_mig), fail_init, 0
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise self.NVMLError("Driver Not Loaded")
+
+    def nvmlShutdown(self):
+        self.shut += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.names)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetMigMode(self, h):
+        if h in self.no_mig:  # a GPU without MIG
+            raise self.NVMLError("Not Supported")
+        return (1, 1) if h in self.mig else (0, 0)
+
+    def nvmlDeviceGetName(self, h):
+        return self.names[h].encode() if h % 2 else self.names[h]  # older bindings return bytes
+
+
+@pytest.mark.parametrize("nvml, env, via_nvml", [
+    (FakeNVML(["NVIDIA H200"] * 2, no_mig={0}), {}, True),
+    (FakeNVML(["NVIDIA H200"] * 2), {"CUDA_VISIBLE_DEVICES": "1"}, False),  # CUDA's numbering differs
+    (FakeNVML(["NVIDIA H200", "NVIDIA H100 80GB HBM3"]), {}, False),  # two kinds: CUDA's order may not be NVML's
+    (FakeNVML(["NVIDIA H200"] * 2, mig={1}), {}, False),  # MIG: CUDA sees instances, not GPUs
+    (FakeNVML(["NVIDIA H200"], fail_init=True), {}, False),  # no driver
+    (None, {}, False),  # no binding
+])
+def test_a_cuda_build_counts_and_names_gpus_through_nvml_without_importing_torch(monkeypatch, nvml, env, via_nvml):
+    """The GPUs and their name come from NVML only where NVML numbers them as CUDA does; otherwise torch is asked
+    (the control: a torch that says 3 GPUs named 'torch's GPU')."""
+    import sys
+    import types
+
+    from moe_lab.controller import placement
+
+    monkeypatch.setattr(placement, "_torch_build", lambda: ("13.0", None))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)  # None: `import pynvml` raises ImportError
+    asked = []
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        is_available=lambda: asked.append("is_available") or True, device_count=lambda: 3,
+        get_device_name=lambda i: "torch's GPU"))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    gpus, name = placement.visible_gpus(), placement.gpu_name(0)
+    if via_nvml:
+        assert (gpus, name, asked) == (2, "NVIDIA H200", []) and nvml.shut == 2
+        assert placement.gpu_name(1) == "NVIDIA H200"  # a name NVML returned as bytes
+    else:
+        assert (gpus, name) == (3, "torch's GPU") and asked
