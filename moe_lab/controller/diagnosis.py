@@ -398,10 +398,19 @@ def raise_if_dead(cluster, what: str, errors: dict) -> None:
     raise ClusterError("; ".join(parts) + "; the other engines were stopped: start the cluster again",
                        kind="died", ranks=sorted(dead), stopped=True)
 
+def out_of_memory_hint(message: str) -> str:
+    """What to do where a rank's device ran out of memory ('' for any other failure)."""
+    if "OutOfMemoryError" not in message and "out of memory" not in message:
+        return ""
+    return ("; the ranks on that GPU need more memory than it has: start fewer ranks per GPU, run a smaller layer "
+            "(-p hidden=..., ffn_hidden=..., seq_len=...) or use a GPU with more memory (`moe-lab preflight` "
+            "estimates a layer's memory per rank)")
+
+
 def raise_failed(cluster, what, ranks, errors, pending) -> None:
     i = min(i for i, e in errors.items() if not is_collective_error(e))
     msg = (f"rank {ranks[i]} ({who(cluster, ranks[i])}) failed in {what}: "
-           f"{remote_message(errors[i])}")
+           f"{remote_message(errors[i])}") + out_of_memory_hint(remote_message(errors[i]))
     where = _where_in(cluster, [ranks[j] for j in pending])
     waiting = sorted(r for r, (c, _) in where.items() if c)
     if not waiting:

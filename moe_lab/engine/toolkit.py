@@ -43,6 +43,21 @@ class CaseSetup:
         return layer_mod.truncate(self.tokens, cut)
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """A device's allocator ran out of memory (torch's OutOfMemoryError, a RuntimeError)."""
+    return isinstance(e, torch.OutOfMemoryError) or "CUDA out of memory" in str(e)
+
+
+def unavailable(e: BaseException) -> dict:
+    """This rank's answer for a setting it cannot run — an option the machine or the release lacks, where every rank
+    fails at the same point, before any collective: the record says so (a finding). A device out of memory is not
+    such a finding and is raised again: it can strike one rank of several, whose others then wait in a collective,
+    and the controller names the rank and stops the engines at once (`controller.diagnosis.raise_failed`)."""
+    if is_out_of_memory(e):
+        raise e
+    return {"rank": tdist.get_rank(), "available": False, "reason": f"{type(e).__name__}: {e}"[:400]}
+
+
 def setup(cfg_dict: dict, layout: dict | Layout | None = None) -> CaseSetup:
     """The one engine-side case setup: config from its dict, its layout (a payload's "layout"; None: `WORLD`), the
     layer for both (built once, cached), its tokens."""

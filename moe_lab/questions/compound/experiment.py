@@ -109,7 +109,7 @@ not_applicable = protocol.not_applicable_in_release  # a setting the release lac
 
 
 def on_engine(payload: dict) -> dict:
-    import torch.distributed as tdist
+    from ...engine import toolkit
 
     try:
         if payload["kind"] == "depth":
@@ -118,7 +118,7 @@ def on_engine(payload: dict) -> dict:
     except (ValueError, KeyError, RuntimeError, NotImplementedError, AssertionError, ImportError) as e:
         # an option this machine or release cannot run (no TransformerEngine, no Triton, fp64 in a Triton matmul):
         # a finding, reported as such — every rank fails at the same point, before any collective
-        return {"rank": tdist.get_rank(), "available": False, "reason": f"{type(e).__name__}: {e}"[:400]}
+        return toolkit.unavailable(e)
 
 
 def _loss_weights(cfg, device):

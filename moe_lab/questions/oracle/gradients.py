@@ -95,12 +95,12 @@ not_applicable = protocol.not_applicable_in_release
 
 
 def on_engine(payload: dict) -> dict:
-    import torch.distributed as tdist
+    from ...engine import toolkit
 
     try:
         return engine_gradients(payload)
     except (ValueError, KeyError, RuntimeError, NotImplementedError, ImportError) as e:
-        return {"rank": tdist.get_rank(), "available": False, "reason": f"{type(e).__name__}: {e}"[:400]}
+        return toolkit.unavailable(e)
 
 
 def pair(cfg, layers: int, layout: Layout, *, lr: float, mistake: str):

@@ -171,12 +171,12 @@ def _setting(stack, remedy: str):
 
 
 def on_engine(payload: dict) -> dict:
-    import torch.distributed as tdist
+    from ...engine import toolkit
 
     try:
         return engine_train(payload)
     except (ValueError, KeyError, RuntimeError, NotImplementedError, ImportError) as e:
-        return {"rank": tdist.get_rank(), "available": False, "reason": f"{type(e).__name__}: {e}"[:400]}
+        return toolkit.unavailable(e)
 
 
 def engine_train(payload: dict) -> dict:

@@ -234,8 +234,11 @@ def engine_kernel(cfg_dict: dict, *, ms: list[int], states: list[dict], cut: int
 
 def on_engine(payload: dict):
     """Engine side of every 04 case, by kind. A remedy that cannot run with this layer (megatron's batch-invariant
-    Triton matmul has no fp64 configuration: the fp64 router fails) is a finding: the case says so."""
+    Triton matmul has no fp64 configuration: the fp64 router fails) is a finding: the case says so; a device out of
+    memory is not (`toolkit.unavailable`)."""
     import torch.distributed as tdist
+
+    from ...engine import toolkit
 
     kind, kn, cut = payload["kind"], payload["knobs"], payload["cut"]
     if kind == "routing":
@@ -248,7 +251,7 @@ def on_engine(payload: dict):
         return engine_case(payload["moe"], case, cut=cut, rounds=kn.get("rounds", 7), trials=kn.get("trials", 1),
                            layout=payload.get("layout"))
     except (KeyError, RuntimeError, NotImplementedError, AssertionError) as e:
-        if "batch_invariant_mode" not in case["remedy"]:
+        if "batch_invariant_mode" not in case["remedy"] or toolkit.is_out_of_memory(e):
             raise
         return {"rank": tdist.get_rank(), **case, "available": False, "reason": f"{type(e).__name__}: {e}"[:300]}
 
