@@ -61,6 +61,11 @@ class Layout:
         return self.etp or self.tp
 
     @property
+    def parallel_state(self) -> tuple[int, int, int]:
+        """(tp, ep, expert tp): what megatron makes its process groups for (sequence parallelism is the layer's)."""
+        return self.tp, self.ep, self.expert_tp
+
+    @property
     def min_world(self) -> int:
         return math.lcm(self.tp, self.expert_tp * max(self.ep, 1))
 
@@ -146,3 +151,13 @@ class Layout:
 
 WORLD = Layout(ep=0)
 """The default layout of a case: TP 1, the experts split over every rank of the world it runs on."""
+
+
+def state_major(items: list, state_of, first=None) -> list:
+    """`items` with those of one parallel state (`state_of(item)`, e.g. `Layout.parallel_state`) together: the state
+    `first` (if given) before all, each other state where its first item stands, the items of a state in their own
+    order. An engine that runs them in this order makes megatron's process groups once per state."""
+    order = {} if first is None else {first: 0}
+    for it in items:
+        order.setdefault(state_of(it), len(order))
+    return sorted(items, key=lambda it: order[state_of(it)])  # stable: their own order within a state

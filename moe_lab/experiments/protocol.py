@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 from ..config import ClusterConfig, MoEConfig, check_cut
 from ..controller import turns
 from ..controller.engine_sets import EngineSets
-from ..layout import WORLD, Layout
+from ..layout import WORLD, Layout, state_major
 from .. import fsio, results as results_file
 from ..records import HEADER_OVERLAPS, Header, as_json, compose, stamp as schema_stamp
 from ..results import latest  # noqa: F401 - the records a notebook's latest run showed
@@ -187,22 +187,12 @@ def _groups(cases: list[Case]) -> list[tuple[tuple, list[Case]]]:
     return list(out.items())
 
 
-def parallel_state_of(case: Case, world: int) -> tuple[int, int, int]:
-    """The megatron parallel state a case's engines need: (tp, ep, expert tp) on `world` ranks (sequence parallelism
-    is a property of the layer, not of the process groups)."""
-    lay = case.layout.on(world)
-    return lay.tp, lay.ep, lay.expert_tp
-
-
 def layout_major(cases: list[Case], world: int) -> list[Case]:
-    """The order the engines measure `cases` in: the cases of one parallel state together, each state where its first
-    case stands, cases of a state in case order. A change of state remakes megatron's process groups on every rank
-    and drops the engines' cached layers (a fifth of a second or more per switch on CPU); records still come back in
-    case order, and the first case is still measured first (a run paired with the first correct run finds it)."""
-    first: dict[tuple, int] = {}
-    for c in cases:
-        first.setdefault(parallel_state_of(c, world), len(first))
-    return sorted(cases, key=lambda c: first[parallel_state_of(c, world)])  # stable: case order within a state
+    """The order the engines measure `cases` in (`layout.state_major`): a change of parallel state remakes megatron's
+    process groups on every rank and drops the engines' cached layers (a fifth of a second or more per switch on
+    CPU). Records still come back in case order, and the first case is still measured first (a run paired with the
+    first correct run finds it)."""
+    return state_major(cases, lambda c: c.layout.on(world).parallel_state)
 
 
 def check_all(cases: list[Case], ccfg: ClusterConfig, experiment=None) -> dict[int, str]:

@@ -435,8 +435,7 @@ def test_the_oracle_runs_each_layout_once_the_reference_first_and_lists_its_runs
              for f, s in (("swap_experts", "ep4"), ("etp_shard", "tp2,ep2"), ("capacity_drop", "tp2,ep2,etp1"))]
 
     def state(job):
-        lay = Layout.parse(job[2]).on(4)
-        return lay.tp, lay.ep, lay.expert_tp
+        return Layout.parse(job[2]).on(4).parallel_state
 
     order = layout_major(jobs, "ep1", 4)
     assert sorted(order) == sorted(jobs) and order[0] == ("truth", None, "ep1", None, 1)

@@ -184,7 +184,7 @@ def test_the_engines_measure_a_layouts_cases_together_and_the_records_keep_case_
     measured = [p["knobs"]["i"] for p in c.calls]
     assert measured == [0, 2, 1, 3, 5, 4, 6] and measured != sorted(measured)
     assert [r["value"] for r in recs] == [i * 10 + 1 for i in range(len(specs))]  # case order
-    states = [protocol.parallel_state_of(Layouts.cases({})[i], 2) for i in measured]
+    states = [Layouts.cases({})[i].layout.on(2).parallel_state for i in measured]
     switches = sum(a != b for a, b in zip(states, states[1:]))
     assert switches == 2 and len(set(states)) == 3  # each state once, against 5 switches in case order
     resumed = FakeCluster()  # a resumed run measures only what is missing, in the same grouping

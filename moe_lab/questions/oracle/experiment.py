@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 from . import QUESTION
 from ...config import MoEConfig
 from ...experiments.protocol import Case
-from ...layout import Layout
+from ...layout import Layout, state_major
 from .params import FAULT_LAYOUTS
 from .record import OracleRecord
 
@@ -313,18 +313,13 @@ def on_engine(payload: dict) -> dict:
 
 
 def layout_major(jobs: list[tuple], reference: str, world: int) -> list[tuple]:
-    """The order this engine runs `jobs` (each (what, dispatcher, layout spec, fault, trial)) in: the jobs of one
-    megatron parallel state together, the reference's state first, each other where its first job stands, jobs of a
-    state in their own order. A change of state remakes the process groups on every rank and drops the cached layers;
-    the record lists the runs in `jobs` order whatever order they ran in."""
+    """The order this engine runs `jobs` (each (what, dispatcher, layout spec, fault, trial)) in: layout by layout,
+    the reference's first (`layout.state_major`). A change of parallel state remakes the process groups on every rank
+    and drops the cached layers; the record lists the runs in `jobs` order whatever order they ran in."""
     def state(spec: str) -> tuple:
-        lay = Layout.parse(spec).on(world)
-        return lay.tp, lay.ep, lay.expert_tp
+        return Layout.parse(spec).on(world).parallel_state
 
-    first = {state(reference): 0}
-    for job in jobs:
-        first.setdefault(state(job[2]), len(first))
-    return sorted(jobs, key=lambda job: first[state(job[2])])
+    return state_major(jobs, lambda job: state(job[2]), first=state(reference))
 
 
 def _pairs(runs: list[dict], reference: str) -> list[tuple[str, str]]:
