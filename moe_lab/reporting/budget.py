@@ -29,8 +29,8 @@ CALIBRATION = {
     "notebooks": {"01": (9.8, 11.8), "02": (1.6, 2.2), "03": (12.8, 26.5), "04": (11.0, 17.3), "05": (31.8, 179.3),
                   "06": (16.8, 14.9), "07": (11.0, 15.3), "08": (15.2, 15.5), "09": (1.6, 3.8)},
 }
-"""Two runs of the cpu profile on one machine at the profile's layer (`--budget 0`): oneDNN's bf16 GEMM, and torch's
-own loop (MOE_LAB_NO_CPU_BF16=1, ATEN_CPU_CAPABILITY=avx2). `gemm_ms`: the reference GEMM's ms in each;
+"""Two runs of the cpu profile on one machine, both at the profile's layer (the second with `--budget 0`): oneDNN's
+bf16 GEMM, and torch's own loop (MOE_LAB_NO_CPU_BF16=1, ATEN_CPU_CAPABILITY=avx2). `gemm_ms`: the reference GEMM's ms in each;
 `notebooks`: number → the seconds its cases took on the engines in the first run, in the second (the sum of their
 `case_wall_s`: one notebook's cases at a time, the GEMMs' part of a run); `start_s`: the rest of the first run (153 s
 in all) — the command's start and the cluster's, kernel starts, notebook 03's release switches, and the figures and
