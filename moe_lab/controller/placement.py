@@ -17,10 +17,9 @@ def visible_gpus() -> int:
     on a 2-core CPU, paid by every command that picks the device itself); a CUDA build with every GPU visible (no
     CUDA_VISIBLE_DEVICES) and no MIG sees the GPUs the driver's NVML counts — seconds a cold GPU command would
     otherwise spend importing torch before its engines start. Any other build or setting is asked, importing torch."""
-    build = _torch_build()
-    if build == (None, None):
+    if _torch_build() == (None, None):
         return 0
-    names = _nvml_names() if build and build[0] else None
+    names = _nvml_names()
     if names is not None:
         return len(names)
     import torch
@@ -30,11 +29,13 @@ def visible_gpus() -> int:
 
 def _nvml_names() -> list[str] | None:
     """The names of the GPUs CUDA numbers as NVML does, from NVML's Python binding, where that holds without
-    asking CUDA: every GPU visible (no CUDA_VISIBLE_DEVICES), none in MIG mode, and all of one kind (CUDA's default
-    order, fastest first, then matches NVML's in every name). None otherwise, or without the binding or a driver."""
+    asking CUDA: a CUDA build of torch, every GPU visible (no CUDA_VISIBLE_DEVICES), none in MIG mode, and all of one
+    kind (CUDA's default order, fastest first, then matches NVML's in every name). None otherwise, or without the
+    binding or a driver."""
     import os
 
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
+    build = _torch_build()
+    if not (build and build[0]) or "CUDA_VISIBLE_DEVICES" in os.environ:
         return None
     try:
         import pynvml
@@ -88,8 +89,7 @@ def _torch_build() -> tuple | None:
 def gpu_name(index: int = 0) -> str | None:
     """The name torch gives GPU `index` ("NVIDIA H200"), as the engines report it; None without CUDA. NVML's name
     where it is CUDA's (`_nvml_names`: the controller need not import torch), else torch's."""
-    build = _torch_build()
-    names = _nvml_names() if build and build[0] else None
+    names = _nvml_names()
     if names and index < len(names):
         return names[index]
     import torch
