@@ -1,6 +1,7 @@
 """Notebook 05 on 4 gloo engines: gradients compared across ranks, reruns and truncation; the backward
 localised; depth stacks; megatron's options reported as run or not — measured, never assumed."""
 
+import ipyparallel as ipp
 import pytest
 
 from moe_lab import profiles
@@ -22,6 +23,23 @@ def recs(cpu_cluster, cpu_cluster_pinned):
     cases = compound.cases(P, settings=SETTINGS, depth_settings=["plain"], layers=3)
     back = protocol.run(compound, P, cluster=cpu_cluster, cases=[c for c in cases if c.kind != "depth"])
     return back + protocol.run(compound, P, cluster=cpu_cluster_pinned, cases=[c for c in cases if c.kind == "depth"])
+
+
+@ipp.interactive  # sent by value: the engines cannot import this test module
+def _cached_layers_with_grads():
+    from moe_lab.engine.dist import STATE
+
+    layers = STATE.get("layers", {})
+    return len(layers), sum(any(p.grad is not None for p in lyr.parameters()) for lyr in layers.values())
+
+
+def test_no_cached_layer_keeps_gradients_after_the_backward_cases(recs, cpu_cluster):
+    """A case's gradients (and its cost rounds', of the case's and the plain layer) are dropped when it ends: on a GPU
+    a set of the seed layer's gradients is as big as its weights (4 GiB a rank at EP 4), and the engine's layer cache
+    keeps the layers into the next case."""
+    kept = cpu_cluster.run(_cached_layers_with_grads)
+    assert all(n >= 2 for n, _ in kept), kept  # the last case's layer and its plain reference are cached
+    assert [with_grads for _, with_grads in kept] == [0] * 4, kept
 
 
 def _back(recs, d, setting):

@@ -197,6 +197,21 @@ def _step(layers, x, cut: int, R, remedy: str = "none", phase: str = "full", cac
                         if "local_experts" in n and p.grad is not None}}
 
 
+def _drop_grads(layers) -> None:
+    """Let go of the stack's parameter gradients: a layer kept in the engine's cache would otherwise hold one set of
+    gradients (as many bytes as its weights) into the next step or case."""
+    for lyr in layers:
+        for p in lyr.parameters():
+            p.grad = None
+
+
+def _timed_step(layers, x, cut: int, R, remedy: str = "none") -> None:
+    """A cost round's forward + backward: `_step`, then its gradients dropped, so the case's and the plain layer's
+    rounds never hold two sets of gradients at once (the seed layer's are 4 GiB per rank at EP 4)."""
+    _step(layers, x, cut, R, remedy, "full")
+    _drop_grads(layers)
+
+
 def _compare_grads(a: dict, b: dict) -> dict:
     """Worst of this rank's expert weight gradients, a vs b (both on this rank: compared in place, no fingerprints;
     `metrics.compare` measures only the differing elements)."""
@@ -240,6 +255,7 @@ def engine_backward(payload: dict) -> dict:
                                                localise.tokens_per_expert(cache))
                 back["ledger"] = [c_ for c_ in cache.ledger if c_["stage"] == "backward"]
             del A, a
+        _drop_grads([layer])  # the last step's gradients stay on the parameters otherwise, through the rounds
         res = {"rank": tdist.get_rank(), "available": True, "trials": trials, "backward": back}
         if cross[0] is not None:
             res["cross"] = [{k: _pairs_worst(cr[k]) for k in GRADS} for cr in cross]
@@ -249,8 +265,8 @@ def engine_backward(payload: dict) -> dict:
                                    "deterministic": False, "options": ()}, payload.get("layout"))
             # the case's layer again (the cache may have reordered)
             layer = toolkit.setup(payload["moe"], payload.get("layout")).layer
-            times = toolkit.paired_rounds({"case": lambda: _step([layer], s.tokens, cut, R, remedy, "full"),
-                                           "plain": lambda: _step([plain.layer], plain.tokens, cut, R)}, rounds)
+            times = toolkit.paired_rounds({"case": lambda: _timed_step([layer], s.tokens, cut, R, remedy),
+                                           "plain": lambda: _timed_step([plain.layer], plain.tokens, cut, R)}, rounds)
             res["times"] = times
             import torch
 
@@ -300,6 +316,7 @@ def engine_depth(payload: dict) -> dict:
             names.update({f"grad{i}": A["inputs_grad"][i] for i in range(len(stack))})
             cross.append(toolkit.compare_across_ranks(names))
             del A, B, C
+    _drop_grads(stack)
     res = {"rank": tdist.get_rank(), "available": True, "trials": per_trial}
     if cross[0] is not None:
         res["cross"] = [{k: _pairs_worst(v) for k, v in cr.items() if k != "bytes_compared"} for cr in cross]
