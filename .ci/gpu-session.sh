@@ -59,6 +59,7 @@ for step in ${STEPS//,/ }; do
       --out "$REPORT_DIR" "${wheels[@]}" ${REPORT_ARGS:-} 2>&1 | quiet > "$OUT/report-${only//,/-}.log"
     tail -8 "$OUT/report-${only//,/-}.log"
     echo "report $only: $(( $(date +%s) - start )) s" | tee -a "$OUT/report-${only//,/-}.log"
+    python3 -m moe_lab.cli timing "$REPORT_DIR" > "$OUT/timing-${only//,/-}.md" 2>&1  # where its time went
   fi
 done
 has bench && python3 -m moe_lab.cli bench --device cuda --seed-report --engines 4 --repeats "${BENCH_REPEATS:-1}" \

@@ -120,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--published", action="store_true", help="rewrite reports/published/FINDINGS.md from the "
                                                             "published reports' records")
 
+    tim = sub.add_parser("timing", help="where a report's time went, from its folder alone: per notebook papermill's "
+                                        "phases, the cases' own seconds by experiment and kind, the cluster's start")
+    tim.add_argument("report", help="report folder (`moe-lab run --out`)")
+
     from . import bench
 
     b = sub.add_parser("bench", help="the warm lab against one fresh spawn per config: ready time, sweep, capture "
@@ -309,6 +313,13 @@ def cmd_findings(a) -> int:
     return 0
 
 
+def cmd_timing(a) -> int:
+    from ..reporting import timing
+
+    print(timing.markdown(a.report))
+    return 0
+
+
 def _findings_of(a, folder: Path, records: list[dict]):
     """One report's findings as `moe-lab findings` prints them: a JSON object (--json), markdown, or text."""
     from .. import questions
@@ -404,7 +415,8 @@ def _main(a) -> int:
     logging.getLogger("megatron").setLevel(logging.DEBUG if debug else logging.WARNING)
     handler = {"probe": cmd_probe, "run": cmd_run, "lab": cmd_lab, "versions": cmd_versions,
                "wheelhouse": cmd_wheelhouse, "bench": cmd_bench, "scale": cmd_scale, "compare": cmd_compare,
-               "findings": cmd_findings, "preflight": cmd_preflight, "oracle": cmd_oracle}[a.cmd]
+               "findings": cmd_findings, "preflight": cmd_preflight, "oracle": cmd_oracle,
+               "timing": cmd_timing}[a.cmd]
     try:
         switches.check()  # an on/off switch set to something else: refused before anything starts
         return handler(a)

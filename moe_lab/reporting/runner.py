@@ -382,6 +382,9 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
     # cluster starts: each item of a `with` is entered before the next one is evaluated
     with interrupts.handling(), _run_lock(out_dir), _checked_out_files(out_dir, chosen), \
             _shared_cluster(config, out_dir, len(chosen)) as cluster:
+        if cluster is not None:  # the shared cluster's start, for `moe-lab timing` (reporting.timing)
+            meta["cluster_timings"] = {k: round(v, 2) for k, v in cluster.timings.items()
+                                       if isinstance(v, (int, float))}
         sizing = _size_for_this_cpu(cluster, config, profile, overrides or {}, [n for n, _ in chosen], budget)
         if sizing is not None:
             meta["sizing"] = sizing.words()
@@ -409,6 +412,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                     row = running[0].result()  # the oldest: rows, the index and the bar stay in notebook order
                     running.pop(0)
                     rows.append(row)
+                    meta["elapsed_s"] = round(time.perf_counter() - started, 1)  # the command's, so far
                     write_index(out_dir, rows, meta)
                     if bar is not None:
                         bar.update(1)

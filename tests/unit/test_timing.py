@@ -1,0 +1,74 @@
+"""reporting.timing (`moe-lab timing`): where a report's time went, read from a folder the test writes by hand — the
+papermill phases of an executed notebook, each case's seconds once (a case has several records), a reused case
+counted apart, and a folder that is not a report refused in one line."""
+
+import json
+
+import nbformat
+import pytest
+
+from moe_lab.records import SCHEMA
+from moe_lab.reporting import timing
+
+START = "2026-12-05T10:00:00+00:00"
+
+
+def _cell(source: str, start: str, duration: float):
+    c = nbformat.v4.new_code_cell(source)
+    c.metadata["papermill"] = {"start_time": start, "duration": duration}
+    return c
+
+
+def _folder(tmp_path, *, reused_time: str = "2026-12-04T09:00:00+00:00"):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["papermill"] = {"start_time": START, "end_time": "2026-12-05T10:00:20+00:00", "duration": 20.0}
+    nb.cells = [_cell("profile = 'cpu'", "2026-12-05T10:00:01.500+00:00", 0.5),
+                _cell("import pandas", "2026-12-05T10:00:02+00:00", 2.0),
+                nbformat.v4.new_markdown_cell("## cases"),
+                _cell("records = protocol.run(x, P)", "2026-12-05T10:00:04+00:00", 10.0),
+                _cell("figures.a(records)", "2026-12-05T10:00:14+00:00", 1.0),
+                _cell("more = protocol.run(y, P)", "2026-12-05T10:00:15+00:00", 4.0),
+                _cell("print(verdict)", "2026-12-05T10:00:19+00:00", 0.75),
+                nbformat.v4.new_code_cell("never ran")]
+    nbformat.write(nb, tmp_path / "01_x.ipynb")
+    rec = {"schema": SCHEMA, "notebook": "01", "experiment": "reproduce", "time": "2026-12-05T10:00:10+00:00"}
+    records = [{**rec, "kind": "case", "case_key": "a", "case_wall_s": 3.0},
+               {**rec, "kind": "case", "case_key": "a", "case_wall_s": 3.0},  # a second record of case a
+               {**rec, "kind": "layout", "case_key": "b", "case_wall_s": 5.5},
+               {**rec, "kind": "case", "case_key": "c", "case_wall_s": 9.0, "time": reused_time},
+               {**rec, "kind": "case", "case_key": "d", "case_wall_s": 7.0}]  # not in the run's list
+    (tmp_path / "results.json").write_text(json.dumps(records))
+    (tmp_path / "cases-01.json").write_text(json.dumps({"keys": ["a", "a", "b", "c"], "run_id": "1"}))
+    (tmp_path / "index.json").write_text(json.dumps({
+        "meta": {"cluster_timings": {"ready_s": 12.5, "engines_s": 7.0}, "elapsed_s": 30.0, "notebooks_at_once": 2},
+        "notebooks": [{"notebook": "01", "file": "01_x.ipynb", "status": "ok", "seconds": 21.0},
+                      {"notebook": "02", "file": "02_gone.ipynb", "status": "failed", "seconds": 1.0}]}))
+    return tmp_path
+
+
+def test_phases_cases_once_and_reused_apart(tmp_path):
+    rows, meta = timing.table(_folder(tmp_path))
+    t, gone = rows
+    assert (t.papermill_s, t.kernel_s, t.setup_s, t.case_cells_s, t.figures_s) == (20.0, 1.5, 2.5, 14.0, 1.75)
+    assert t.rest_s == 1.0
+    assert (t.cases, t.reused, t.cases_s) == (2, 1, 8.5)  # a once, b; c reused; d not in the run's list
+    assert t.by_kind == {"reproduce case": (1, 3.0), "reproduce layout": (1, 5.5)}
+    assert gone.status == "failed" and gone.papermill_s is None and gone.cases == 0 and gone.rest_s is None
+    assert meta["cluster_timings"]["ready_s"] == 12.5
+    text = timing.markdown(tmp_path)
+    assert "| 01 | ok | 21.0 | 20.0 | 1.5 | 2.5 | 14.0 | 8.5 (2, 1 reused) | 1.8 | 1.0 |" in text
+    assert "| 02 | failed | 1.0 | – |" in text
+    assert "ready in ready_s 12.5 s, engines_s 7.0 s" in text and "30.0 s from the command's start" in text
+
+
+def test_a_case_measured_in_the_run_is_not_reused(tmp_path):
+    """The control for the reused count: the same case stamped inside the notebook's run is counted as measured."""
+    rows, _ = timing.table(_folder(tmp_path, reused_time="2026-12-05T10:00:12+00:00"))
+    assert (rows[0].cases, rows[0].reused, rows[0].cases_s) == (3, 0, 17.5)
+
+
+def test_a_folder_without_an_index_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no index.json"):
+        timing.table(tmp_path)
+    (tmp_path / "index.json").write_text(json.dumps({"notebooks": []}))
+    assert "its start is not in this folder's index" in timing.markdown(tmp_path)
