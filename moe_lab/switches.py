@@ -14,6 +14,8 @@ SWITCHES = {
     "MOE_LAB_SHARE_CLUSTER": "one cluster for a run's notebooks (default: on)",
     "MOE_LAB_OVERLAP": "run the next notebook while the current one draws its figures and pages, their cases "
                        "taking turns on the engines (default: on)",
+    "MOE_LAB_SHARE_CORES": "GPU engines split their node's cores between them for torch's threads (default: on; 0: "
+                           "torch's default, every core in each engine)",
     "MOE_LAB_NO_CPU_BF16": "CPU engines take torch's own bf16 GEMM loop, as a CPU without bf16 instructions does "
                            "(default: off)",
 }

@@ -145,6 +145,20 @@ def _said(prepared: tuple) -> str:
             f"{', deterministic' if deterministic else ''}")
 
 
+SHARE_CORES = "MOE_LAB_SHARE_CORES"
+
+
+def threads_for(local_world: int | None) -> int:
+    """A GPU engine's torch threads: its node's cores split between the engines there. torch's default (every core)
+    in each of them oversubscribes the node as soon as ranks do CPU work at once (the host side of gloo's collectives
+    on virtual EP, the fp64 statistics), and idle OpenMP threads spin on the cores gloo's own threads need."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world or 1))
+
+
 def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: str, timeout_s: float,
           extra_path: tuple = (), env: dict | None = None, deterministic: bool = False,
           local_rank: int | None = None, local_world: int | None = None, ranks_per_gpu: int = 1) -> dict:
@@ -161,6 +175,7 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
     import torch
     import torch.distributed as tdist
 
+    from .. import switches
     from . import compat, shims
 
     if device == "cuda":
@@ -169,6 +184,8 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         torch.cuda.set_device(gpu)
         dev = torch.device("cuda", gpu)
         backend = "nccl" if ranks_per_gpu == 1 else "gloo"
+        if switches.forced(SHARE_CORES) is not False:
+            torch.set_num_threads(threads_for(local_world))
         shims.fix_missing_te()
         if backend == "gloo":
             shims.apply_gloo_shims()
@@ -357,6 +374,7 @@ def describe() -> dict:
         "env": provenance.numerics_env(),
         "switches": provenance.torch_switches(),
         "cpu": provenance.cpu_info(),
+        "torch_threads": torch.get_num_threads(),  # a GPU engine's share of its node's cores (threads_for)
     }
 
 

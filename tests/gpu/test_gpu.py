@@ -35,6 +35,9 @@ def test_four_ranks_share_one_gpu_over_gloo(virtual4):
     assert {i["gpu_index"] for i in info} == {0} and {i["ranks_per_gpu"] for i in info} == {4}
     assert {i["placement"] for i in info} == {"4 ranks share each GPU (virtual EP)"} and info[0]["gpu"]
     assert {i["ep"] for i in info} == {4}
+    # the node's cores split between the four engines (engine.dist.threads_for), not every core in each
+    cores = len(os.sched_getaffinity(0))
+    assert {i["torch_threads"] for i in info} == {max(1, cores // 4)}, (cores, [i["torch_threads"] for i in info])
     assert all(c["ok"] for c in virtual4.health_check())
     print("virtual EP=4 cluster ready in", round(virtual4.timings["ready_s"], 1), "s:", virtual4.summary())
 
