@@ -146,7 +146,7 @@ def test_index_answers_say_what_the_notebooks_say(cpu_report):
     assert {row["notebook"]: row["finding"] for row in index["notebooks"]} == {k: v[0] for k, v in heads.items()}
 
 
-def test_timing_says_where_the_run_went_from_its_folder(cpu_report):
+def test_timing_says_where_the_run_went_from_its_folder(cpu_report, capsys):
     """`moe-lab timing`: every notebook's papermill phases and its cases' own seconds, the shared cluster's start and
     the command's seconds, from the folder alone (the numbers are the run's; here only that they are there and add
     up: a notebook's cases cannot take longer than the cells that ran them)."""
@@ -158,9 +158,10 @@ def test_timing_says_where_the_run_went_from_its_folder(cpu_report):
         assert t.cases > 0 and None not in (t.kernel_s, t.setup_s, t.case_cells_s, t.figures_s), t
         assert t.cases_s <= t.case_cells_s + 0.5, t  # rounding of case_wall_s
     assert meta["cluster_timings"]["ready_s"] > 0 and 0 < meta["elapsed_s"] <= cpu_report["elapsed"]
-    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "timing", str(cpu_report["out"])],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "Shared cluster: ready in" in r.stdout, r.stderr
+    from moe_lab.cli import main as cli
+
+    assert cli.main(["timing", str(cpu_report["out"])]) == 0
+    assert "Shared cluster: ready in" in capsys.readouterr().out
 
 
 def test_the_run_shares_one_cluster_between_the_notebooks_that_need_it(cpu_report):
