@@ -14,7 +14,7 @@ from pathlib import Path
 from . import calls, diagnosis
 from .diagnosis import ClusterError
 from .launchers import assign_ranks, launcher_rank
-from .spares import registered
+from .spares import launch_deferred, registered
 from .state import ClusterState
 
 logger = logging.getLogger("moe_lab.controller.cluster")  # a cluster's log, whichever module does the work
@@ -22,6 +22,7 @@ logger = logging.getLogger("moe_lab.controller.cluster")  # a cluster's log, whi
 
 def take_spare(state: ClusterState) -> None:
     """Make the spare engine set (launched by launch, prestart or restart_engines) the cluster's engines."""
+    launch_deferred(state, block=True)  # a set launched early whose server was still importing: forked now
     sp, state.spare = state.spare, None
     state.engine_set = sp["set"]
     attach_engines(state, previous=sp["previous"])

@@ -128,9 +128,11 @@ class Cluster:
             logger.info("starting %d %s engines (launcher %s%s)", cfg.engines, cfg.device, cfg.launcher,
                         ", forked from a preload server" if server is not None else "")
             st.ipp.start_controller_sync()
-            st.ipp.start_engines_sync(n=cfg.engines, **preloaded.engine_kwargs(st, cfg))
+            # the engines are forked once the server's imports are done: now if they are, else between the
+            # current group's cases (`warm`) or when `start()` needs them — launching never waits for them
+            st.spare = spares.spare(None, previous=set(), launch=preloaded.engine_kwargs(st, cfg))
+            spares.launch_deferred(st, block=False)
             st.client = st.ipp.connect_client_sync()
-            st.spare = spares.spare(next(iter(st.ipp.engines), None), previous=set())
         except BaseException:
             self.stop(graceful=False)
             raise

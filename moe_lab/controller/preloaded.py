@@ -120,6 +120,18 @@ class PreloadServer:
                     self.close()
             return self.info is not None
 
+    def settled(self) -> bool:
+        """Without waiting: whether `ready()` would answer at once — the imports are done (or their message is
+        waiting in the pipe), or the server failed or ended. A set launched early forks its engines only then, so
+        the controller never waits on a server's imports while the current engines work."""
+        with self._lock:
+            if self.info is not None or self.failed is not None or self.proc.poll() is not None:
+                return True
+            if b"\n" in self._buf:
+                return True
+            readable, _, _ = select.select([self.proc.stdout.fileno()], [], [], 0)
+            return bool(readable)
+
     def _why_silent(self, timeout: float) -> str:
         code = self.proc.poll()
         return f"it ended ({code})" if code is not None else f"no answer within {timeout:.0f} s"

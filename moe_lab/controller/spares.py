@@ -14,11 +14,31 @@ from .state import ClusterState
 logger = logging.getLogger("moe_lab.controller.cluster")  # a cluster's log, whichever module does the work
 
 
-def spare(engine_set, previous: set, preloaded: tuple | None = None) -> dict:
-    """A spare set: ipyparallel's id of the engine set, the engines registered before it (never its own), the ids of
-    its engines once registered (`warm`), the `prepare_args` its imports were started with, and those it was forked
-    with from a preload server (None: engines of their own, which import what `warm` asks)."""
-    return {"set": engine_set, "previous": previous, "ids": None, "warmed": None, "preloaded": preloaded}
+def spare(engine_set, previous: set, preloaded: tuple | None = None, launch: dict | None = None) -> dict:
+    """A spare set: ipyparallel's id of the engine set (None until it is launched), the engines registered before it
+    (never its own), the ids of its engines once registered (`warm`), the `prepare_args` its imports were started
+    with, those it was forked with from a preload server (None: engines of their own, which import what `warm`
+    asks), and, until it is launched, what ipyparallel's start_engines will be given (`launch_deferred`)."""
+    return {"set": engine_set, "previous": previous, "ids": None, "warmed": None, "preloaded": preloaded,
+            "launch": launch}
+
+
+def launch_deferred(state: ClusterState, *, block: bool) -> bool:
+    """Launch the spare set's engines where they wait for it: at once if they are forked from no preload server or
+    from one whose imports are done, else once they are (`block`: wait for them; without it, False until then — a
+    set launched early is forked later, between cases, instead of the controller waiting ~12 s for a new server's
+    imports on a GPU node while the current engines stand idle). True once the set is launched."""
+    sp = state.spare
+    if sp is None:
+        return False
+    if sp["set"] is not None:
+        return True
+    kw = sp["launch"] or {}
+    server = kw.get("server")
+    if not block and server is not None and not server.settled():
+        return False
+    sp["set"], sp["launch"] = state.ipp.start_engines_sync(n=state.config.engines, **kw), None
+    return True
 
 
 def prestart(state: ClusterState, /, **changes) -> bool:
@@ -34,9 +54,11 @@ def prestart(state: ClusterState, /, **changes) -> bool:
         target = state.config.replace(**changes) if changes else None
         kw = preloaded.engine_kwargs(state, target) if target is not None else {}
         forked = prepare_args(target) if kw.get("server") is not None else None
-        state.spare = spare(state.ipp.start_engines_sync(n=state.config.engines, **kw), previous, forked)
+        state.spare = spare(None, previous, forked, launch=kw)
+        launch_deferred(state, block=False)
         logger.info("launched %d spare engines for the next restart%s", state.config.engines,
-                    " (forked from a preload server)" if forked else "")
+                    (" (forked from a preload server" + ("" if state.spare["set"] is not None else
+                                                         ", once its imports are done") + ")") if forked else "")
     return True
 
 
@@ -54,6 +76,8 @@ def warm(state: ClusterState, /, **changes) -> bool:
         return False
     if sp["warmed"] is not None:
         return True
+    if not launch_deferred(state, block=False):  # its preload server is still importing
+        return False
     target = state.config.replace(**changes) if changes else state.config
     if not usable(sp, target):  # forked for another configuration: never imported for this one
         return False

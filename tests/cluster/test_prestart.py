@@ -264,3 +264,38 @@ def _our_ipp_processes() -> set[int]:
         except psutil.Error:  # gone meanwhile
             continue
     return out
+
+
+def test_launching_early_never_waits_for_a_preload_servers_imports(monkeypatch):
+    """A set launched early whose preload server is new (another environment: its own server, still importing) is
+    forked once the server's imports are done — between cases, by `warm` — so `prestart` and `Cluster.launch`
+    return at once instead of holding the controller (and the engines at work) for the imports. The control: the
+    imports took longer than the calls that started them; the set then serves the restart (forked from that
+    server) and the cluster's start."""
+    from moe_lab.controller import preloaded
+
+    monkeypatch.setenv(preloaded.PRELOAD_ENV, "1")
+    env = (("MOE_LAB_TEST_EARLY", "1"),)
+    with Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120)) as c:
+        t0 = time.perf_counter()
+        assert c.prestart(env=env)
+        took = time.perf_counter() - t0
+        server = next(s for s in c.state.preload_servers.values() if s.prepare["env"] == dict(env))
+        assert c.state.spare["set"] is None or server.settled()  # not forked while the server imports
+        _warm_until_sent(c, env=env)
+        assert server.info["imports_s"] > took, (server.info, took)  # the control: prestart did not wait for them
+        c.restart_engines(env=env)
+        assert {psutil.Process(p["pid"]).ppid() for p in c.procs} == {server.proc.pid}
+        assert c.run(os.getenv, "MOE_LAB_TEST_EARLY") == ["1", "1"]
+
+    early = Cluster(ClusterConfig(device="cpu", engines=2, timeout_s=120, env=env))
+    try:
+        t0 = time.perf_counter()
+        early.launch()
+        took = time.perf_counter() - t0
+        early.start()
+        server = next(iter(early.state.preload_servers.values()))
+        assert server.info["imports_s"] > took, (server.info, took)
+        assert {psutil.Process(p["pid"]).ppid() for p in early.procs} == {server.proc.pid}
+    finally:
+        early.stop()
