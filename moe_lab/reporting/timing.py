@@ -1,4 +1,4 @@
-"""Where a report's time went, from the folder alone: per notebook, the runner's seconds (papermill, then its pages),
+"""Where a report's time went, from the folder alone: per notebook, the runner's seconds (its kernel's start and cells),
 papermill's own phases from the executed notebook (kernel start, set-up cells, the cells that run cases, the cells
 after them: figures and tables), and the cases' own seconds from the records the notebook's latest run measured
 (`case_wall_s` of each case key once: payload out, every rank's work, records back), by experiment and kind; a case
@@ -26,7 +26,8 @@ class NotebookTime:
     notebook: str
     status: str
     total_s: float | None = None
-    """The runner's seconds for it (index.json): papermill, then its two HTML pages."""
+    """The runner's seconds for it (index.json): its kernel's start and cells, as the runner timed them (its HTML
+    pages are rendered after them, apart)."""
     papermill_s: float | None = None
     kernel_s: float | None = None
     """papermill's start to its first cell's: the kernel's start."""
@@ -44,7 +45,7 @@ class NotebookTime:
 
     @property
     def rest_s(self) -> float | None:
-        """The runner's seconds beyond papermill's: its two HTML pages."""
+        """The runner's seconds beyond papermill's own (starting papermill, reading and writing the notebook)."""
         if self.total_s is None or self.papermill_s is None:
             return None
         return max(0.0, self.total_s - self.papermill_s)
@@ -79,7 +80,8 @@ def notebook_phases(nb_path: Path) -> dict:
         dur = meta.get("duration")
         cells.append((t0, float(dur) if isinstance(dur, (int, float)) else _seconds(t0, t1) or 0.0,
                       CASE_CELL in c.source))
-    out = {"start": start, "papermill_s": pm.get("duration") if isinstance(pm.get("duration"), (int, float)) else _seconds(start, end),
+    duration = pm.get("duration")
+    out = {"start": start, "papermill_s": duration if isinstance(duration, (int, float)) else _seconds(start, end),
            "kernel_s": _seconds(start, cells[0][0]) if cells else None,
            "setup_s": None, "case_cells_s": None, "figures_s": None}
     runs = [i for i, (_, _, is_case) in enumerate(cells) if is_case]
@@ -155,10 +157,10 @@ def markdown(folder: str | Path) -> str:
     lines.append(f"| all | | {_f(total('total_s'))} | {_f(total('papermill_s'))} | {_f(total('kernel_s'))} | "
                  f"{_f(total('setup_s'))} | {_f(total('case_cells_s'))} | {_f(total('cases_s'))} "
                  f"({sum(t.cases for t in rows)}) | {_f(total('figures_s'))} | {_f(total('rest_s'))} |")
-    out = ["Seconds per notebook (total: the runner's, papermill then its pages (rest); cases: the sum of each case's "
+    out = ["Seconds per notebook (total: the runner's, of which papermill's own and the rest; cases: the sum of each case's "
            "own `case_wall_s` measured by its latest run, the cases reused from results.json counted apart; the case "
-           "cells' seconds beyond their cases' are the controller's own work and, with two notebooks at a time, the "
-           "turns a notebook waited while the other's cases ran).", "", *lines, "", "Cases by experiment and kind:", ""]
+           "cells' seconds beyond their cases' are the controller's own work (engine sets started or launched) and, "
+           "with two notebooks at a time, the turns a notebook waited while the other's cases ran).", "", *lines, "", "Cases by experiment and kind:", ""]
     out += [f"- {t.notebook} {kind}: {n} case(s), {s:.1f} s" for t in rows for kind, (n, s) in t.by_kind.items()]
     ct = meta.get("cluster_timings")
     out.append("")
