@@ -157,10 +157,12 @@ def markdown(folder: str | Path) -> str:
     lines.append(f"| all | | {_f(total('total_s'))} | {_f(total('papermill_s'))} | {_f(total('kernel_s'))} | "
                  f"{_f(total('setup_s'))} | {_f(total('case_cells_s'))} | {_f(total('cases_s'))} "
                  f"({sum(t.cases for t in rows)}) | {_f(total('figures_s'))} | {_f(total('rest_s'))} |")
-    out = ["Seconds per notebook (total: the runner's, of which papermill's own and the rest; cases: the sum of each case's "
+    out = ["Seconds per notebook (total: the runner's, of which papermill's own and the rest; cases: the sum of each "
+           "case's "
            "own `case_wall_s` measured by its latest run, the cases reused from results.json counted apart; the case "
            "cells' seconds beyond their cases' are the controller's own work (engine sets started or launched) and, "
-           "with two notebooks at a time, the turns a notebook waited while the other's cases ran).", "", *lines, "", "Cases by experiment and kind:", ""]
+           "with two notebooks at a time, the turns a notebook waited while the other's cases ran).", "", *lines, "",
+           "Cases by experiment and kind:", ""]
     out += [f"- {t.notebook} {kind}: {n} case(s), {s:.1f} s" for t in rows for kind, (n, s) in t.by_kind.items()]
     ct = meta.get("cluster_timings")
     out.append("")
