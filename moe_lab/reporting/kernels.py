@@ -1,7 +1,10 @@
 """The notebooks' kernels under `moe-lab run`: papermill's kernel manager with two changes.
 
 - The kernel's own stderr (ipykernel's log, C libraries) passes through the runner's stderr as before, and is dropped
-  once the run is interrupted: a kernel stopped mid-cell has nothing to tell the terminal then.
+  once the run is interrupted (a kernel stopped mid-cell has nothing to tell the terminal then) and once the kernel is
+  being shut down after its notebook ran: ipykernel can race its own shutdown (the "idle" status it publishes after
+  the shutdown request meets its closed IOPub socket) and print a ZMQError traceback ("Socket operation on
+  non-socket") that says nothing about the notebook. Dropped lines go to this module's debug log.
 - Shutting a kernel down after Ctrl-C / SIGTERM (papermill does it as the interrupt unwinds) interrupts its cell first
   and waits until the processes the cell started (a cluster of its own) are gone, bounded by the interrupt's budget,
   then kills the kernel. jupyter_client's own shutdown sends the shutdown request right after the interrupt, so the
@@ -33,10 +36,12 @@ def quiet() -> bool:
     return bool(interrupts.interrupted()) or STOPPING.is_set()
 
 
-def _forward(stream) -> None:
+def _forward(stream, closing: threading.Event | None = None) -> None:
+    """The kernel's stderr lines to the runner's stderr, but while `quiet()` or once `closing` (its shutdown) is set."""
     for line in iter(stream.readline, b""):
-        if quiet():
-            logger.debug("kernel stderr dropped (interrupted or stopping): %s", line.decode(errors="replace").rstrip())
+        if quiet() or (closing is not None and closing.is_set()):
+            logger.debug("kernel stderr dropped (interrupted, stopping or shut down): %s",
+                         line.decode(errors="replace").rstrip())
             continue
         try:
             sys.stderr.write(line.decode(errors="replace"))
@@ -48,12 +53,17 @@ def _forward(stream) -> None:
 class RunKernelManager(AsyncKernelManager):
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         kw["stderr"] = subprocess.PIPE
+        self.closing = threading.Event()  # set when the kernel is shut down: its stderr is dropped from then on
         await super()._async_launch_kernel(kernel_cmd, **kw)
         proc = getattr(self.provisioner, "process", None)
         if proc is not None and proc.stderr is not None:
-            threading.Thread(target=_forward, args=(proc.stderr,), name="kernel-stderr", daemon=True).start()
+            threading.Thread(target=_forward, args=(proc.stderr, self.closing), name="kernel-stderr",
+                             daemon=True).start()
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False):
+        closing = getattr(self, "closing", None)
+        if closing is not None and not restart:
+            closing.set()
         if interrupts.interrupted() and self.has_kernel:
             pid = getattr(self.provisioner, "pid", None)
             try:
