@@ -398,6 +398,7 @@ def raise_if_dead(cluster, what: str, errors: dict) -> None:
     raise ClusterError("; ".join(parts) + "; the other engines were stopped: start the cluster again",
                        kind="died", ranks=sorted(dead), stopped=True)
 
+
 def out_of_memory_hint(message: str) -> str:
     """What to do where a rank's device ran out of memory ('' for any other failure)."""
     if "OutOfMemoryError" not in message and "out of memory" not in message:
@@ -409,8 +410,8 @@ def out_of_memory_hint(message: str) -> str:
 
 def raise_failed(cluster, what, ranks, errors, pending) -> None:
     i = min(i for i, e in errors.items() if not is_collective_error(e))
-    msg = (f"rank {ranks[i]} ({who(cluster, ranks[i])}) failed in {what}: "
-           f"{remote_message(errors[i])}") + out_of_memory_hint(remote_message(errors[i]))
+    said = remote_message(errors[i])
+    msg = f"rank {ranks[i]} ({who(cluster, ranks[i])}) failed in {what}: {said}" + out_of_memory_hint(said)
     where = _where_in(cluster, [ranks[j] for j in pending])
     waiting = sorted(r for r, (c, _) in where.items() if c)
     if not waiting:

@@ -47,8 +47,7 @@ def replace_engines(state: ClusterState, spare: dict | None, old: set) -> None:
     logger.info("restarting %d %s engines%s%s", cfg.engines, cfg.device,
                 f" with {cfg.extra_path[0]} first on their path" if cfg.extra_path else "",
                 " (launched early)" if spare else "")
-    if spare:  # the next engine set is already up (or forked now, its server's imports done): end only the current one
-        spares.launch_deferred(state, block=True)
+    if spare:  # the next set is up, or take_spare forks it once its server has imported: end the current one only
         processes.kill_engines(state.profile_dir, only=[p["pid"] for p in state.procs])
         if state.engine_set is not None:
             state.ipp.stop_engines_sync(state.engine_set)
