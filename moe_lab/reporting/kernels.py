@@ -1,4 +1,10 @@
-"""The notebooks' kernels under `moe-lab run`: papermill's kernel manager with two changes.
+"""The notebooks' kernels under `moe-lab run`: papermill's kernel manager with three changes.
+
+- The kernel talks to the runner over Unix sockets (zmq's ipc transport) in a private folder of its own, not over
+  loopback TCP ports: jupyter_client picks free TCP ports by binding and releasing them before the kernel binds them,
+  and in between another process (an engine, a controller, a second run) can take one — the kernel then dies on
+  "Address already in use" and papermill waits 60 s for a kernel that is gone. A socket path cannot be taken that
+  way. Where the temporary folder's path is too long for a socket address, the kernel uses TCP as before.
 
 - The kernel's own stderr (ipykernel's log, C libraries) passes through the runner's stderr as before, and is dropped
   once the run is interrupted (a kernel stopped mid-cell has nothing to tell the terminal then) and once the kernel is
@@ -13,13 +19,17 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 
 from ..controller import interrupts
 
@@ -50,7 +60,57 @@ def _forward(stream, closing: threading.Event | None = None) -> None:
             pass
 
 
+SOCKET_PATH_MAX = 100  # a Unix socket address holds 107 bytes on Linux; the kernel's sockets add "-N"
+
+
+SOCKET_FOLDERS: set[str] = set()
+"""The socket folders of kernels not yet cleaned up: a kernel killed by an interrupt is never cleaned up by
+jupyter_client, so the runner (`remove_socket_folders`) and the process's exit remove what is left."""
+
+
+def socket_folder() -> str | None:
+    """A new private folder for one kernel's Unix sockets, or None where its path would be too long for them."""
+    folder = tempfile.mkdtemp(prefix="moe-lab-kernel-")
+    if len(f"{folder}/kernel-00") <= SOCKET_PATH_MAX:
+        SOCKET_FOLDERS.add(folder)
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    logger.debug("the temporary folder's path is too long for Unix sockets (%s): the kernel uses TCP", folder)
+    return None
+
+
+def remove_socket_folder(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    SOCKET_FOLDERS.discard(folder)
+
+
+@atexit.register
+def remove_socket_folders() -> None:
+    """Every kernel socket folder still there: for kernels that were killed, not shut down."""
+    for folder in list(SOCKET_FOLDERS):
+        remove_socket_folder(folder)
+
+
 class RunKernelManager(AsyncKernelManager):
+    socket_folder: str | None = None
+
+    @default("cache_ports")
+    def _no_tcp_port_cache(self) -> bool:
+        return False  # ports are socket file numbers under ipc; a TCP kernel picks its own, as jupyter_client does
+
+    async def _async_pre_start_kernel(self, **kw):
+        if self.socket_folder is None and not self._connection_file_written:
+            self.socket_folder = socket_folder()
+            if self.socket_folder is not None:
+                self.transport = "ipc"
+                self.ip = f"{self.socket_folder}/kernel"
+        return await super()._async_pre_start_kernel(**kw)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart and self.socket_folder is not None:
+            remove_socket_folder(self.socket_folder)
+
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         kw["stderr"] = subprocess.PIPE
         self.closing = threading.Event()  # set when the kernel is shut down: its stderr is dropped from then on
@@ -78,4 +138,4 @@ class RunKernelManager(AsyncKernelManager):
         await super().shutdown_kernel(now=now, restart=restart)
 
 
-__all__ = ["RunKernelManager"]
+__all__ = ["RunKernelManager", "remove_socket_folders"]

@@ -788,6 +788,9 @@ def stop_kernels() -> list[int]:
         with contextlib.suppress(psutil.Error):
             k.kill()
     psutil.wait_procs(kernels, timeout=1.0)
+    from .kernels import remove_socket_folders
+
+    remove_socket_folders()  # the killed kernels' Unix sockets; jupyter_client cleans up only kernels it shut down
     return [k.pid for k in kernels]
 
 

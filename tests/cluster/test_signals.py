@@ -62,12 +62,15 @@ def _notebooks(nb_dir: Path) -> Path:
 
 
 class Command:
-    """A moe-lab command in a session of its own; every process seen under it (polled every 50 ms) and its stderr
-    lines with the time they came."""
+    """A moe-lab command in a session of its own, with a temporary folder of its own (TMPDIR); every process seen
+    under it (polled every 50 ms) and its stderr lines with the time they came."""
 
     def __init__(self, argv: list[str]):
+        import tempfile
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="sig-"))  # short: the kernels' Unix sockets go under it
         self.p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                  start_new_session=True)
+                                  start_new_session=True, env={**os.environ, "TMPDIR": str(self.tmp)})
         self.lines: list[tuple[float, str]] = []
         self.seen: dict[int, psutil.Process] = {}
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._read, self._poll)]
@@ -121,6 +124,14 @@ class Command:
         time.sleep(0.5)
         return [q.pid for q in self.seen.values() if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
 
+    def sockets_left(self) -> list[str]:
+        """The notebook kernels' socket folders still in the command's TMPDIR (then the folder is removed)."""
+        import shutil
+
+        left = sorted(p.name for p in self.tmp.glob("moe-lab-kernel-*"))
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return left
+
 
 def _last_line(cmd: str, label: str, n: int | None = None) -> re.Pattern:
     count = str(n) if n is not None else r"(\d+)"
@@ -152,7 +163,7 @@ def test_a_signal_to_run_on_the_shared_cluster_stops_everything_within_10_s(tmp_
     assert len(tree) >= 14, [q.pid for q in tree]  # kernel, controller + schedulers, 4 engines, 4 nannies, watchdog
     assert _last_line("run", label, len(tree)).fullmatch(err.strip().splitlines()[-1]), err[-3000:]
     assert _quiet(err) == [], err[-5000:]
-    assert c.left() == []
+    assert c.left() == [] and c.sockets_left() == []
     rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
     assert rows["01"]["status"] == "interrupted" and rows["03"]["status"] == "not run"
     assert rows["02"]["status"] in ("ok", "interrupted"), rows["02"]
@@ -163,11 +174,12 @@ def test_control_the_same_run_without_a_signal_finishes_and_leaves_nothing(tmp_p
     nbs, out = _notebooks(tmp_path / "nbs"), tmp_path / "out"
     c = Command([sys.executable, "-c", RUN, str(nbs), str(out)])
     c.wait_for(lambda: (out / "ready.json").exists(), "notebook 01 on the shared cluster")
+    assert list(c.tmp.glob("moe-lab-kernel-*")), "notebook 01's kernel has no socket folder while it runs"
     (out / "go").touch()
     assert c.p.wait(timeout=300) == 0, c.stderr()[-3000:]
     rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
     assert [rows[n]["verdict"] for n in ("01", "02", "03")] == ["01 done", "02 ran", "03 ran"]
-    assert len(c.seen) >= 14 and c.left() == []
+    assert len(c.seen) >= 14 and c.left() == [] and c.sockets_left() == []
 
 
 def _starting(c: Command) -> bool:
