@@ -8,8 +8,10 @@ Three kinds of cluster pass through it:
   group that fits the shared cluster again goes back to it (no restart back);
 - clusters of its own: started, restarted for the next group, stopped at `close()`.
 
-`experiments.protocol.run` asks `ensure(config)` for each group, `prefetch(config)` for the one after it, calls
-`tick()` between cases (the early set's imports start once its engines have registered) and `close()` at the end.
+`experiments.protocol.run` asks `launch_ahead(config)` for its first group before it waits for the engines' turn (a
+cluster of its own then registers and imports while another notebook's cases hold the engines), `ensure(config)`
+for each group, `prefetch(config)` for the one after it, calls `tick()` between cases and while it waits for the turn
+(the early set's imports start once its engines have registered) and `close()` at the end.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class EngineSets:
         self._given = cluster
         self._pending = None  # a cluster of its own for the next group, launched while the shared one works
         self._warming = None  # (cluster, changes): the early set whose imports `tick` starts
+        self._closed = False
 
     def _mine(self, c) -> bool:
         return c is not None and c is not self._given and not getattr(c, "attached", False)
@@ -81,6 +84,23 @@ class EngineSets:
         p.stop(graceful=False)  # launched for a group that turned out to need something else
         return None
 
+    def launch_ahead(self, target: ClusterConfig) -> bool:
+        """Before the engines' turn: launch the first group's cluster of its own (e.g. notebook 04's EP 1 engine on
+        one GPU) so it registers and imports while the other notebook's cases hold the engines; its process group
+        and warm-up wait for the turn (`ensure`). Nothing where a cluster was given, the run's shared cluster serves
+        the group, or launching early is not wanted (`prestart_wanted`). True if launched."""
+        from . import shared
+        from .cluster import Cluster
+        from .spares import prestart_wanted
+
+        if self.current is not None or self._pending is not None or shared.serves(target) or \
+                not prestart_wanted(target):
+            return False
+        logger.info("launching this run's own cluster before its turn on the engines")
+        self._pending = Cluster(target).launch()
+        self._warming = (self._pending, {})
+        return True
+
     def prefetch(self, target: ClusterConfig) -> None:
         """Get the engines of the group after this one going while this one runs (where `prestart_wanted`): a
         cluster of its own when the current one is the shared cluster, else the current cluster's spare set."""
@@ -108,9 +128,13 @@ class EngineSets:
 
     def close(self, error: BaseException | None = None) -> None:
         """Stop what this run started (the early set, its own clusters) and detach from the shared cluster; the
-        caller's cluster stays. After Ctrl-C or an engine failure engines may be mid-collective: no waiting."""
+        caller's cluster stays. After Ctrl-C or an engine failure engines may be mid-collective: no waiting. A
+        second call does nothing."""
         from .cluster import ClusterError
 
+        if self._closed:
+            return
+        self._closed = True
         graceful = error is None or not isinstance(error, (KeyboardInterrupt, ClusterError))
         p, self._pending, self._warming = self._pending, None, None
         if p is not None:

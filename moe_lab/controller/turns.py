@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable
 
 logger = logging.getLogger("moe_lab.controller.cluster")
 
@@ -38,9 +39,10 @@ def notebooks_at_once() -> int:
 
 
 @contextlib.contextmanager
-def engines_turn(what: str = ""):
+def engines_turn(what: str = "", waiting: Callable[[], object] | None = None):
     """Hold the engines for the block (see the module docstring); yields the seconds waited. Re-entrant in a thread;
-    Ctrl-C while waiting raises KeyboardInterrupt as anywhere else."""
+    Ctrl-C while waiting raises KeyboardInterrupt as anywhere else. `waiting` is called while the turn is another
+    kernel's, every POLL_S (non-blocking work: a launched cluster's imports started once it has registered)."""
     path = os.environ.get(ENV)
     if not path or getattr(_held, "depth", 0):
         _held.depth = getattr(_held, "depth", 0) + 1
@@ -61,6 +63,8 @@ def engines_turn(what: str = ""):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if waiting is not None:
+                    waiting()
                 time.sleep(POLL_S)
         waited = time.monotonic() - t0
         if waited > NOTE_AFTER_S:

@@ -242,30 +242,19 @@ def run(experiment, config=None, *, cluster=None, cases: list[Case] | None = Non
     ccfg0 = cluster.config if cluster is not None else from_settings(config.cluster)
     ccfg0 = ccfg0.replace(extra_path=()) if cluster is None else ccfg0
     notebook = notebook if notebook is not None else getattr(experiment, "NOTEBOOK", "")
-    # notebooks run two at a time under `moe-lab run`: one kernel's cases at a time on the engines
-    with turns.engines_turn(f"notebook {notebook} {experiment.NAME}" if notebook else experiment.NAME):
-        plan, by_case, n_reused = _plan(experiment, cases, ccfg0, results, notebook)
-        sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, stops
-        try:
-            for i, g in enumerate(plan):
-                cluster = sets.ensure(_target(g.ccfg, g.release))
-                env, keys = _checked_env(cluster, g)
-                if i + 1 < len(plan):
-                    sets.prefetch(_target(plan[i + 1].ccfg, plan[i + 1].release))
-                items = progress(g.todo, f"{experiment.NAME} ({g.env['megatron_core']})") if progress else g.todo
-                for c in items:
-                    recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
-                    if results is not None:
-                        results_file.append(results, recs)  # streamed: an interrupted run keeps finished cases
-                    for r in recs:
-                        if on_record:
-                            on_record(r)
-                    by_case[id(c)] = recs
-                    sets.tick()  # the next group's engines import while this group's cases run
-        except BaseException as e:
-            sets.close(e)
-            raise
-        sets.close()
+    # planned before the engines' turn: it reads results.json and writes only the records of cases not applicable
+    plan, by_case, n_reused = _plan(experiment, cases, ccfg0, results, notebook)
+    sets = EngineSets(cluster)  # the one owner of engine sets: which serve each group, what starts early, stops
+    try:
+        if plan:  # a first group on engines of its own gets them going while another notebook's cases run
+            sets.launch_ahead(_target(plan[0].ccfg, plan[0].release))
+        # notebooks run two at a time under `moe-lab run`: one kernel's cases at a time on the engines
+        with turns.engines_turn(f"notebook {notebook} {experiment.NAME}" if notebook else experiment.NAME,
+                                waiting=sets.tick):
+            _run_groups(experiment, plan, by_case, sets, results, notebook, progress, on_record)
+    except BaseException as e:
+        sets.close(e)  # what was launched ahead, if the wait for the turn was interrupted (else: done already)
+        raise
     out = [r for c in cases for r in by_case.get(id(c), [])]
     n_measured = sum(len(g.todo) for g in plan)
     if results is not None and notebook:
@@ -274,6 +263,32 @@ def run(experiment, config=None, *, cluster=None, cases: list[Case] | None = Non
     if progress is not None:  # a notebook's run: the resume said where the reader sees it
         print(resume_line(experiment.NAME, n_measured, n_reused, len(cases) - n_measured - n_reused))
     return out
+
+
+def _run_groups(experiment, plan: list["_Group"], by_case: dict, sets: EngineSets, results, notebook: str,
+                progress: Callable | None, on_record: Callable[[dict], None] | None) -> None:
+    """Every planned group on the engines `sets` gives it, in order; each finished case into `by_case` (and
+    streamed to `results`); the engine sets closed, still inside the engines' turn."""
+    try:
+        for i, g in enumerate(plan):
+            cluster = sets.ensure(_target(g.ccfg, g.release))
+            env, keys = _checked_env(cluster, g)
+            if i + 1 < len(plan):
+                sets.prefetch(_target(plan[i + 1].ccfg, plan[i + 1].release))
+            items = progress(g.todo, f"{experiment.NAME} ({g.env['megatron_core']})") if progress else g.todo
+            for c in items:
+                recs = measure(cluster, experiment, c, env, keys[id(c)], notebook)
+                if results is not None:
+                    results_file.append(results, recs)  # streamed: an interrupted run keeps finished cases
+                for r in recs:
+                    if on_record:
+                        on_record(r)
+                by_case[id(c)] = recs
+                sets.tick()  # the next group's engines import while this group's cases run
+    except BaseException as e:
+        sets.close(e)
+        raise
+    sets.close()
 
 
 def _plan(experiment, cases: list[Case], ccfg0: ClusterConfig, results, notebook: str):

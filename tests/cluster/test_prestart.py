@@ -299,3 +299,105 @@ def test_launching_early_never_waits_for_a_preload_servers_imports(monkeypatch):
         assert {psutil.Process(p["pid"]).ppid() for p in early.procs} == {server.proc.pid}
     finally:
         early.stop()
+
+
+def _engines_here() -> set[int]:
+    """Engine processes under this test process (forked ones included: their command line is their server's; an
+    engine's nanny counts too)."""
+    out = set()
+    for q in psutil.Process().children(recursive=True):
+        try:
+            q.info = {"cmdline": q.cmdline()}
+            if processes.is_engine(q):
+                out.add(q.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _run_behind_the_turn(tmp_path, monkeypatch, prestart: str) -> tuple[list[dict], int, float, float]:
+    """protocol.run of the installed release's cases on a cluster of its own while this test holds the engines'
+    turn (another notebook's cases) for 8 s → (records, most engines seen during the wait, seconds from the turn's
+    release to the run's end, seconds of the whole run)."""
+    import fcntl
+    import threading
+
+    from moe_lab.controller import turns
+
+    monkeypatch.setenv("MOE_LAB_PRESTART", prestart)
+    monkeypatch.delenv(shared.ENV, raising=False)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv(turns.ENV, str(tmp_path / "turn"))
+    fd = os.open(tmp_path / "turn", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    out: dict = {}
+    t0 = time.monotonic()
+
+    def run():
+        try:
+            out["recs"] = protocol.run(reproduce, P)
+        except BaseException as e:  # noqa: BLE001 - said by the test
+            out["error"] = e
+        out["end"] = time.monotonic()
+
+    already = _engines_here()  # another test's cluster (a module fixture) is not this run's
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    seen: set[int] = set()
+    try:
+        while time.monotonic() - t0 < 8.0:
+            assert th.is_alive(), f"the run ended while another held the engines' turn: {out}"
+            seen |= _engines_here() - already
+            time.sleep(0.1)
+    finally:
+        released = time.monotonic()
+        os.close(fd)
+    th.join(300)
+    assert "error" not in out and not th.is_alive(), out
+    return out["recs"], len(seen), out["end"] - released, out["end"] - t0
+
+
+def test_a_run_waiting_for_the_engines_turn_launches_its_own_cluster_meanwhile(tmp_path, monkeypatch):
+    """A run whose cases need a cluster of their own (no shared one serves them: notebook 04's EP 1 part on one GPU)
+    launches it before it waits for the engines' turn, so its engines register and import while the other
+    notebook's cases hold the engines; the control (launching early off) starts nothing until its turn. The records
+    are the same (CPU forwards are deterministic); nothing is left afterwards."""
+    before = _our_ipp_processes()
+    ahead, seen_ahead, after_ahead, whole_ahead = _run_behind_the_turn(tmp_path / "a", monkeypatch, "1")
+    _assert_none_left(before)
+    cold, seen_cold, after_cold, whole_cold = _run_behind_the_turn(tmp_path / "c", monkeypatch, "0")
+    _assert_none_left(before)
+    print(f"TIME after the turn's release: launched ahead {after_ahead:.1f} s, control {after_cold:.1f} s "
+          f"(whole runs {whole_ahead:.1f} / {whole_cold:.1f} s)")
+    assert seen_ahead >= P.cluster.engines and seen_cold == 0  # (their nannies are counted too)
+    key = [(r["case_key"], r["cross_rank"]["n_mismatch"], r["rerun"]["n_mismatch"]) for r in ahead]
+    assert key == [(r["case_key"], r["cross_rank"]["n_mismatch"], r["rerun"]["n_mismatch"]) for r in cold] and key
+
+
+def test_interrupted_while_waiting_for_the_turn_the_cluster_launched_ahead_is_stopped(tmp_path, monkeypatch):
+    import fcntl
+
+    from moe_lab.controller import engine_sets, turns
+
+    monkeypatch.setenv("MOE_LAB_PRESTART", "1")
+    monkeypatch.delenv(shared.ENV, raising=False)
+    monkeypatch.setenv(turns.ENV, str(tmp_path / "turn"))
+    fd = os.open(tmp_path / "turn", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    before = _our_ipp_processes()
+    launched = []
+    real = engine_sets.EngineSets.launch_ahead
+
+    def launch_then_interrupt_the_wait(self, target):
+        launched.append(real(self, target))
+        monkeypatch.setattr(self, "tick", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+        return launched[-1]
+
+    monkeypatch.setattr(engine_sets.EngineSets, "launch_ahead", launch_then_interrupt_the_wait)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            protocol.run(reproduce, P)
+    finally:
+        os.close(fd)
+    assert launched == [True]
+    _assert_none_left(before)

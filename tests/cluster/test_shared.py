@@ -84,9 +84,11 @@ def test_after_a_fault_the_shared_engines_are_ended_and_nobody_attaches(tmp_path
             c.health_check()
 
 
-def test_a_run_whose_cluster_cannot_start_goes_on_without_one(tmp_path):
+def test_a_run_whose_cluster_cannot_start_goes_on_without_one(tmp_path, monkeypatch):
     """Each notebook then starts its own and reports the failure in its page, as without sharing."""
     import os
+
+    monkeypatch.delenv(shared.ENV, raising=False)  # this module's run_cluster may be up (tests spread over workers)
 
     bad = protocol.shared_config(P).replace(launcher_options={"no_such_setting": 1})  # refused before any process
     with shared.for_run(bad, tmp_path / "cluster.json") as c:

@@ -28,6 +28,10 @@ class FakeCluster:
         self.events.append("launch")
         return self
 
+    def warm(self, **changes):
+        self.events.append("warm")
+        return True
+
     def restart_engines(self, **changes):
         self.config = self.config.replace(**changes)
         self.events.append(("restart", tuple(sorted(changes))))
@@ -95,6 +99,38 @@ def test_the_shared_cluster_is_detached_not_restarted_and_the_callers_cluster_is
     assert sets.ensure(MID) is mine and mine.events[-1] == ("restart", ("extra_path",))  # restarted in place
     sets.close(ClusterError("engine 1 died"))
     assert all(not (isinstance(e, tuple) and e[0] == "stop") for e in mine.events)  # the caller's: not stopped
+
+
+def test_a_first_group_of_its_own_is_launched_ahead_and_the_same_cluster_serves_it(world, monkeypatch):
+    """Launched before the engines' turn (the wait ticks it), then started by `ensure`: one cluster, no second
+    start. The controls: nothing is launched for a group the shared cluster serves, for a caller's cluster, or where
+    launching early is not wanted; a second close does nothing."""
+    monkeypatch.setattr("moe_lab.controller.spares.prestart_wanted", lambda cfg: True)
+    sets = engine_sets.EngineSets()
+    assert sets.launch_ahead(OLD) is True
+    ahead = FakeCluster.made[-1]
+    sets.tick()
+    assert ahead.events == ["launch", "warm"] and ahead.client is None
+    assert sets.ensure(OLD) is ahead and ahead.events == ["launch", "warm", "start"]
+    assert len(FakeCluster.made) == 1
+    sets.close()
+    sets.close()
+    assert ahead.events.count(("stop", True)) == 1
+
+    n = len(FakeCluster.made)
+    assert engine_sets.EngineSets().launch_ahead(BASE) is False  # the shared cluster serves it
+    assert engine_sets.EngineSets(FakeCluster(BASE).start()).launch_ahead(OLD) is False  # the caller's cluster
+    monkeypatch.setattr("moe_lab.controller.spares.prestart_wanted", lambda cfg: False)
+    assert engine_sets.EngineSets().launch_ahead(OLD) is False
+    assert len(FakeCluster.made) == n + 1  # only the caller's, made by the test
+
+
+def test_a_cluster_launched_ahead_for_a_wait_that_was_interrupted_is_stopped(world, monkeypatch):
+    monkeypatch.setattr("moe_lab.controller.spares.prestart_wanted", lambda cfg: True)
+    sets = engine_sets.EngineSets()
+    sets.launch_ahead(OLD)
+    sets.close(KeyboardInterrupt())
+    assert FakeCluster.made[-1].events == ["launch", ("stop", False)]
 
 
 def test_changes_name_only_the_start_fields_that_differ():

@@ -53,6 +53,20 @@ def test_a_turn_waits_while_another_process_holds_the_engines_and_goes_on_when_i
         assert time.monotonic() - t0 < 0.3 and waited < 0.3
 
 
+def test_while_another_process_holds_the_engines_the_wait_calls_waiting(tmp_path, monkeypatch):
+    p, go = _holder(tmp_path, monkeypatch, 0.5)
+    go.touch()
+    calls = []
+    with turns.engines_turn(waiting=lambda: calls.append(time.monotonic())):
+        pass
+    p.wait(timeout=30)
+    assert len(calls) >= 3  # every POLL_S of the wait
+    calls.clear()
+    with turns.engines_turn(waiting=lambda: calls.append(time.monotonic())):  # the control: nobody holds them
+        pass
+    assert calls == []
+
+
 def test_a_holder_that_dies_holding_the_engines_blocks_nobody(tmp_path, monkeypatch):
     p, _ = _holder(tmp_path, monkeypatch, 0.0)
     p.kill()  # killed mid-turn, as a kernel ended by Ctrl-C or the OOM killer
@@ -89,11 +103,12 @@ def test_protocol_run_takes_the_engines_turn_for_its_cases(tmp_path, monkeypatch
     class Planned(Exception):
         pass
 
-    def plan(*a, **k):  # the first thing protocol.run does inside its turn
+    def run_groups(*a, **k):  # the first thing protocol.run does inside its turn
         started.append(time.monotonic())
         raise Planned
 
-    monkeypatch.setattr(protocol, "_plan", plan)
+    monkeypatch.setattr(protocol, "_plan", lambda *a, **k: ([], {}, 0))  # planned before the turn: no engine call
+    monkeypatch.setattr(protocol, "_run_groups", run_groups)
     import threading
 
     t = threading.Timer(0.5, go.touch)
@@ -104,4 +119,4 @@ def test_protocol_run_takes_the_engines_turn_for_its_cases(tmp_path, monkeypatch
                      cluster=type("C", (), {"config": None})())
     t.join()
     p.wait(timeout=30)
-    assert started and started[0] - t0 >= 0.4, "protocol.run planned its cases while another process held the engines"
+    assert started and started[0] - t0 >= 0.4, "protocol.run ran its cases while another process held the engines"
