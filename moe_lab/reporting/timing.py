@@ -3,7 +3,9 @@ papermill's own phases from the executed notebook (kernel start, set-up cells, t
 after them: figures and tables), and the cases' own seconds from the records the notebook's latest run measured
 (`case_wall_s` of each case key once: payload out, every rank's work, records back), by experiment and kind; a case
 its run reused from results.json (measured before the notebook started) is counted apart. The shared cluster's
-start and the command's seconds are the index's (`cluster_timings`, `elapsed_s`, where the run wrote them).
+start and the command's seconds are the index's (`cluster_timings`, `elapsed_s`, where the run wrote them). The
+stretches between two measured cases when no case ran on any engines (`idle_gaps`: one case runs at a time, the
+engines' turn) are where the engines stood idle — a cluster starting, a kernel starting, the turn changing hands.
 
 `moe-lab timing FOLDER` prints it as a markdown table; `table(folder)` returns the rows. Nothing is estimated: a
 phase the folder does not hold (a notebook that failed before its cells ran, an index written by an older runner)
@@ -42,6 +44,8 @@ class NotebookTime:
     start: datetime.datetime | None = None
     by_kind: dict[str, tuple[int, float]] = field(default_factory=dict)
     """'experiment kind' → (cases, seconds)."""
+    spans: list[tuple[datetime.datetime, float, str]] = field(default_factory=list, repr=False)
+    """Each measured case: (its record's time stamp — its end, to the second —, its seconds, 'experiment kind')."""
 
     @property
     def rest_s(self) -> float | None:
@@ -95,14 +99,20 @@ def notebook_phases(nb_path: Path) -> dict:
 
 def table(folder: str | Path) -> tuple[list[NotebookTime], dict]:
     """Every notebook of the report's index with its phases and cases' seconds, and the index's meta (its
-    `cluster_timings` and `elapsed_s` where the runner wrote them)."""
+    `cluster_timings` and `elapsed_s` where the runner wrote them). A published report (no index: its records and
+    case lists only) gives each listed notebook's cases, status 'published', and no phases."""
     from .. import results as results_file
 
     folder = Path(folder)
     idx_path = folder / "index.json"
-    if not idx_path.exists():
-        raise ValueError(f"{folder}: no index.json (not a report folder `moe-lab run` wrote)")
-    index = json.loads(idx_path.read_text())
+    if idx_path.exists():
+        index = json.loads(idx_path.read_text())
+    else:  # a published report keeps its records and the notebooks' case lists, not the runner's index
+        listed = sorted(folder.glob("cases-*.json"))
+        if not listed:
+            raise ValueError(f"{folder}: no index.json and no cases-NN.json (not a report folder `moe-lab run` "
+                             "wrote, nor a published one)")
+        index = {"notebooks": [{"notebook": p.stem.split("-", 1)[1], "status": "published"} for p in listed]}
     records = results_file.load(folder / "results.json")
     by_key: dict[str, dict] = {}
     for r in records:
@@ -126,12 +136,48 @@ def table(folder: str | Path) -> tuple[list[NotebookTime], dict]:
                 t.reused += 1  # its time stamp is the end of its measurement, second-rounded
                 continue
             kind = f"{r.get('experiment', '?')} {r.get('kind', '?')}"
+            if when is not None:
+                t.spans.append((when, float(r["case_wall_s"]), kind))
             n, s = t.by_kind.get(kind, (0, 0.0))
             t.by_kind[kind] = (n + 1, s + r["case_wall_s"])
             t.cases += 1
             t.cases_s = (t.cases_s or 0.0) + r["case_wall_s"]
         rows.append(t)
     return rows, index.get("meta", {})
+
+
+IDLE_MIN_S = 2.0
+"""Shorter stretches between cases are not said: a record's time stamp is its case's end to the second."""
+
+
+@dataclass
+class Gap:
+    notebook: str
+    """The notebook of the case after the gap."""
+    kind: str
+    """'experiment kind' of the case after the gap."""
+    after: str
+    """'NN experiment kind' of the case before it."""
+    seconds: float
+
+
+def idle_gaps(rows: list[NotebookTime], min_s: float = IDLE_MIN_S) -> tuple[list[Gap], float | None]:
+    """The stretches of at least `min_s` between two measured cases of the run with no case running: the next case's
+    start (its time stamp minus its `case_wall_s`) minus the latest end before it. Returns them in run order and the
+    seconds from the first case's start to the last case's end (None without cases)."""
+    spans = sorted(((end - datetime.timedelta(seconds=wall), end, t.notebook, kind)
+                    for t in rows for end, wall, kind in t.spans), key=lambda x: x[0])
+    if not spans:
+        return [], None
+    gaps = []
+    latest_end, latest_what = spans[0][1], f"{spans[0][2]} {spans[0][3]}"
+    for start, end, nb, kind in spans[1:]:
+        idle = (start - latest_end).total_seconds()
+        if idle >= min_s:
+            gaps.append(Gap(nb, kind, latest_what, idle))
+        if end >= latest_end:
+            latest_end, latest_what = end, f"{nb} {kind}"
+    return gaps, (max(e for _, e, _, _ in spans) - spans[0][0]).total_seconds()
 
 
 def _f(x: float | None) -> str:
@@ -164,11 +210,20 @@ def markdown(folder: str | Path) -> str:
            "with two notebooks at a time, the turns a notebook waited while the other's cases ran).", "", *lines, "",
            "Cases by experiment and kind:", ""]
     out += [f"- {t.notebook} {kind}: {n} case(s), {s:.1f} s" for t in rows for kind, (n, s) in t.by_kind.items()]
+    gaps, span = idle_gaps(rows)
+    if span is not None:
+        out += ["", f"Engines idle between cases (no case running; at least {IDLE_MIN_S:g} s, the time stamps being "
+                    f"to the second): {len(gaps)} stretch(es), {sum(g.seconds for g in gaps):.1f} s of the "
+                    f"{span:.1f} s from the first case's start to the last case's end", ""]
+        out += [f"- {g.seconds:.1f} s before {g.notebook} {g.kind} (after {g.after})" for g in gaps]
     ct = meta.get("cluster_timings")
     out.append("")
     if ct:
         out.append("Shared cluster: ready in " + ", ".join(f"{k} {v:.1f} s" for k, v in ct.items()
                                                             if isinstance(v, (int, float))))
+    elif rows and all(t.status == "published" for t in rows):
+        out.append("Shared cluster: a published report keeps no index, so its start and the run's seconds are not "
+                   "here (its README says them)")
     else:
         out.append("Shared cluster: its start is not in this folder's index (a single notebook's cluster starts "
                    "inside it; an older runner did not write it)")
@@ -180,4 +235,4 @@ def markdown(folder: str | Path) -> str:
     return "\n".join(out)
 
 
-__all__ = ["NotebookTime", "notebook_phases", "table", "markdown", "CASE_CELL"]
+__all__ = ["NotebookTime", "Gap", "notebook_phases", "table", "idle_gaps", "markdown", "CASE_CELL", "IDLE_MIN_S"]

@@ -158,10 +158,13 @@ def test_timing_says_where_the_run_went_from_its_folder(cpu_report, capsys):
         assert t.cases > 0 and None not in (t.kernel_s, t.setup_s, t.case_cells_s, t.figures_s), t
         assert t.cases_s <= t.case_cells_s + 0.5, t  # rounding of case_wall_s
     assert meta["cluster_timings"]["ready_s"] > 0 and 0 < meta["elapsed_s"] <= cpu_report["elapsed"]
+    gaps, span = timing.idle_gaps(rows)  # the idle stretches and the cases fit inside the cases' span
+    assert span is not None and sum(g.seconds for g in gaps) + sum(t.cases_s for t in rows) <= span + len(gaps) + 2
     from moe_lab.cli import main as cli_main  # the function moe_lab.cli.main, which the package re-exports
 
     assert cli_main(["timing", str(cpu_report["out"])]) == 0
-    assert "Shared cluster: ready in" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "Shared cluster: ready in" in text and "Engines idle between cases" in text
 
 
 def test_the_run_shares_one_cluster_between_the_notebooks_that_need_it(cpu_report):

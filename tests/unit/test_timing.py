@@ -68,7 +68,50 @@ def test_a_case_measured_in_the_run_is_not_reused(tmp_path):
 
 
 def test_a_folder_without_an_index_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="no index.json"):
+    with pytest.raises(ValueError, match="no index.json and no cases-NN.json"):
         timing.table(tmp_path)
     (tmp_path / "index.json").write_text(json.dumps({"notebooks": []}))
     assert "its start is not in this folder's index" in timing.markdown(tmp_path)
+
+
+def _two_notebooks(tmp_path, *, second_start: str):
+    """01 measures a (10:00:07–10) and b (10:00:10–13), 02 measures c, starting at `second_start` and lasting 5 s."""
+    rec = {"schema": SCHEMA, "experiment": "x"}
+    c_end = timing._time(second_start) + __import__("datetime").timedelta(seconds=5)
+    records = [{**rec, "notebook": "01", "kind": "case", "case_key": "a", "case_wall_s": 3.0,
+                "time": "2026-12-05T10:00:10+00:00"},
+               {**rec, "notebook": "01", "kind": "layout", "case_key": "b", "case_wall_s": 3.0,
+                "time": "2026-12-05T10:00:13+00:00"},
+               {**rec, "notebook": "02", "kind": "det", "case_key": "c", "case_wall_s": 5.0,
+                "time": c_end.isoformat(timespec="seconds")}]
+    (tmp_path / "results.json").write_text(json.dumps(records))
+    (tmp_path / "cases-01.json").write_text(json.dumps({"keys": ["a", "b"], "run_id": "1"}))
+    (tmp_path / "cases-02.json").write_text(json.dumps({"keys": ["c"], "run_id": "1"}))
+    (tmp_path / "index.json").write_text(json.dumps({"meta": {}, "notebooks": [
+        {"notebook": "01", "status": "ok"}, {"notebook": "02", "status": "ok"}]}))
+    return tmp_path
+
+
+def test_a_stretch_with_no_case_running_is_said_with_the_cases_around_it(tmp_path):
+    folder = _two_notebooks(tmp_path, second_start="2026-12-05T10:00:25+00:00")
+    gaps, span = timing.idle_gaps(timing.table(folder)[0])
+    assert [(g.notebook, g.kind, g.after, g.seconds) for g in gaps] == [("02", "x det", "01 x layout", 12.0)]
+    assert span == 23.0  # 10:00:07 → 10:00:30
+    assert "- 12.0 s before 02 x det (after 01 x layout)" in timing.markdown(folder)
+
+
+def test_control_cases_back_to_back_leave_no_stretch(tmp_path):
+    folder = _two_notebooks(tmp_path, second_start="2026-12-05T10:00:14+00:00")  # 1 s: the stamps' rounding
+    gaps, span = timing.idle_gaps(timing.table(folder)[0])
+    assert gaps == [] and span == 12.0
+    assert "0 stretch(es), 0.0 s of the 12.0 s" in timing.markdown(folder)
+
+
+def test_a_published_report_without_an_index_gives_its_cases_and_gaps(tmp_path):
+    folder = _two_notebooks(tmp_path, second_start="2026-12-05T10:00:25+00:00")
+    (folder / "index.json").unlink()
+    rows, meta = timing.table(folder)
+    assert [(t.notebook, t.status, t.cases, t.papermill_s) for t in rows] == [("01", "published", 2, None),
+                                                                             ("02", "published", 1, None)]
+    assert meta == {} and [g.seconds for g in timing.idle_gaps(rows)[0]] == [12.0]
+    assert "a published report keeps no index" in timing.markdown(folder)
