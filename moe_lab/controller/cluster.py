@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..config import ClusterConfig
 from . import attached, bring_up, calls, processes, restart, spares
 from .diagnosis import ClusterError
-from .launchers import check_devices, heartbeat_settings, launcher_settings, profile_parent
+from .launchers import check_devices, controller_settings, launcher_settings, profile_parent
 from .placement import default_config, visible_gpus
 from .state import ClusterState
 
@@ -124,7 +124,7 @@ class Cluster:
                 settings = dict(settings, engines=preloaded.PreloadedEngineSetLauncher)
             st.ipp = ipp.Cluster(n=cfg.engines, profile_dir=st.profile_dir, log=ipp_log,
                                  engine_timeout=int(cfg.start_timeout_s), delay=0.1,
-                                 **heartbeat_settings(settings))
+                                 **controller_settings(settings, cfg))
             logger.info("starting %d %s engines (launcher %s%s)", cfg.engines, cfg.device, cfg.launcher,
                         ", forked from a preload server" if server is not None else "")
             st.ipp.start_controller_sync()

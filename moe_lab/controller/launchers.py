@@ -109,16 +109,26 @@ HEARTBEAT_ALLOWANCE_S = 30
 kept, so a stopped or starved engine is treated as before."""
 
 
-def heartbeat_settings(settings: dict) -> dict:
-    """`settings` (launcher_settings) with the controller's heartbeat at HEARTBEAT_MS and the same allowance; a
+PORT_SETTINGS = ("--IPController.ports", "--IPController.engine_ports", "--IPController.client_ports")
+
+
+def controller_settings(settings: dict, cfg: ClusterConfig) -> dict:
+    """`settings` (launcher_settings) with the controller's heartbeat at HEARTBEAT_MS and the same allowance, and —
+    for local engines — its ports from `ports.reserve` (none another process can take before it binds them); a
     user's own `Cluster.controller_args` come after ours and replace ours of the same setting (the controller
-    refuses a setting given twice)."""
+    refuses a setting given twice), and a user's own ports keep ours out."""
+    from . import ports
+
     conf = settings.get("config")
     own = list(conf["Cluster"]["controller_args"]) if conf is not None and "Cluster" in conf \
         and "controller_args" in conf["Cluster"] else []
     theirs = {str(a).split("=", 1)[0] for a in own}
     misses = max(1, round(HEARTBEAT_ALLOWANCE_S * 1000 / HEARTBEAT_MS))
     ours = [f"--HeartMonitor.period={HEARTBEAT_MS}", f"--HeartMonitor.max_heartmonitor_misses={misses}"]
+    if cfg.launcher == "local" and not theirs & set(PORT_SETTINGS):
+        reserved = ports.reserve()
+        if reserved:
+            ours.append(f"--IPController.ports={','.join(map(str, reserved))}")
     return dict(settings, controller_args=[a for a in ours if a.split("=", 1)[0] not in theirs] + own)
 
 
@@ -188,5 +198,5 @@ def _check_ssh_hosts(hosts, engines: int) -> None:
                          f"but engines is {engines}: make them equal")
 
 
-__all__ = ["assign_ranks", "check_devices", "heartbeat_settings", "launcher_rank", "launcher_settings", "profile_parent",
+__all__ = ["assign_ranks", "check_devices", "controller_settings", "launcher_rank", "launcher_settings", "profile_parent",
            "SHARED_PROFILE_ROOT"]

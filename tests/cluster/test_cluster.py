@@ -23,6 +23,29 @@ def test_cluster_is_up_and_verified(cpu_cluster):
     print(f"cluster ready in {cpu_cluster.timings['ready_s']:.1f} s ({cpu_cluster.timings})")
 
 
+def test_the_controller_listens_only_on_ports_reserved_below_the_ephemeral_range(cpu_cluster):
+    """controller.ports: every port in the controller's connection files (engines' and clients') is one it was
+    handed, below the OS's ephemeral range, where no other process's bind to port 0 or outgoing connection can have
+    taken it before the controller bound it; and the cluster works on them (the test above)."""
+    import json
+    from pathlib import Path
+
+    from moe_lab.controller import ports
+
+    span = ports.candidate_range()
+    if span is None:
+        pytest.skip("no range below this OS's ephemeral ports: ipyparallel picks its own (as the module says)")
+    used = []
+    for f in sorted(Path(cpu_cluster.profile_dir, "security").glob("ipcontroller-*.json")):
+        info = json.loads(f.read_text())
+        for k, v in info.items():
+            if k.endswith("port") or k in ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong",
+                                           "notification", "broadcast"):
+                used += v if isinstance(v, list) else [v] if isinstance(v, int) else []
+    assert len(used) >= 10, used
+    assert all(span[0] <= p <= span[1] for p in used), (span, used)
+
+
 def test_same_seed_same_weights_on_rebuild(cpu_cluster):
     cfg = MoEConfig().asdict()
     first = cpu_cluster.run(layer.weights_fingerprint, cfg, rebuild=True)

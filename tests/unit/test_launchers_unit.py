@@ -222,16 +222,39 @@ def test_launcher_ranks_order_the_engines_when_every_engine_has_one():
     assert [p["engine"] for p in assign_ranks([(5, "vm"), (4, "vm")], {5: 0})] == [4, 5]
 
 
-def test_the_hub_pings_every_250_ms_with_ipyparallels_30_s_allowance_and_a_users_own_args_replace_ours():
-    from moe_lab.controller.launchers import HEARTBEAT_ALLOWANCE_S, HEARTBEAT_MS, heartbeat_settings
+def test_the_hub_pings_every_250_ms_with_ipyparallels_30_s_allowance_and_a_users_own_args_replace_ours(monkeypatch):
+    from moe_lab.controller import ports
+    from moe_lab.controller.launchers import HEARTBEAT_ALLOWANCE_S, HEARTBEAT_MS, controller_settings
 
-    ours = heartbeat_settings(launcher_settings(ClusterConfig(device="cpu", engines=2)))["controller_args"]
+    monkeypatch.setattr(ports, "reserve", lambda *a, **k: None)  # the ports: the next test
+
+    def args(cfg):
+        return controller_settings(launcher_settings(cfg), cfg)["controller_args"]
+
+    ours = args(ClusterConfig(device="cpu", engines=2))
     assert ours == [f"--HeartMonitor.period={HEARTBEAT_MS}", "--HeartMonitor.max_heartmonitor_misses=120"]
     assert HEARTBEAT_MS * 120 == HEARTBEAT_ALLOWANCE_S * 1000 == 3000 * 10  # ipyparallel's 10 missed 3 s pings
     mine = ["--HeartMonitor.period=1000"]
     cfg = ClusterConfig(device="cpu", engines=2, launcher_options={"Cluster.controller_args": mine})
     # the controller refuses a setting given twice: the user's replaces ours, the other of ours stays
-    assert heartbeat_settings(launcher_settings(cfg))["controller_args"] == ours[1:] + mine
+    assert args(cfg) == ours[1:] + mine
     other = ["--IPController.ip=127.0.0.1"]
     cfg = ClusterConfig(device="cpu", engines=2, launcher_options={"Cluster.controller_args": other})
-    assert heartbeat_settings(launcher_settings(cfg))["controller_args"] == ours + other
+    assert args(cfg) == ours + other
+
+
+def test_local_engines_get_reserved_controller_ports_unless_the_user_sets_ports(monkeypatch):
+    from moe_lab.controller import ports
+    from moe_lab.controller.launchers import controller_settings
+
+    monkeypatch.setattr(ports, "reserve", lambda *a, **k: [20001, 20002])
+
+    def args(cfg):
+        return controller_settings(launcher_settings(cfg), cfg)["controller_args"]
+
+    assert args(ClusterConfig(device="cpu", engines=2))[-1] == "--IPController.ports=20001,20002"
+    mine = ["--IPController.ports=30000-30030"]
+    cfg = ClusterConfig(device="cpu", engines=2, launcher_options={"Cluster.controller_args": mine})
+    assert [a for a in args(cfg) if "ports" in a] == mine
+    monkeypatch.setattr(ports, "reserve", lambda *a, **k: None)  # no range below the ephemeral one: ipyparallel's
+    assert not [a for a in args(ClusterConfig(device="cpu", engines=2)) if "ports" in a]
