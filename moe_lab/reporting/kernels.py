@@ -4,9 +4,9 @@
   loopback TCP ports: jupyter_client picks free TCP ports by binding and releasing them before the kernel binds them,
   and in between another process (an engine, a controller, a second run) can take one — the kernel then dies on
   "Address already in use" and papermill waits 60 s for a kernel that is gone. A socket path cannot be taken that
-  way. Where the temporary folder's path is too long for a socket address, the kernel uses TCP as before.
+  way. Where the temporary folder's path is too long for a socket address, the kernel uses jupyter_client's TCP.
 
-- The kernel's own stderr (ipykernel's log, C libraries) passes through the runner's stderr as before, and is dropped
+- The kernel's own stderr (ipykernel's log, C libraries) passes through the runner's stderr, and is dropped
   once the run is interrupted (a kernel stopped mid-cell has nothing to tell the terminal then) and once the kernel is
   being shut down after its notebook ran: ipykernel can race its own shutdown (the "idle" status it publishes after
   the shutdown request meets its closed IOPub socket) and print a ZMQError traceback ("Socket operation on
@@ -68,7 +68,7 @@ SOCKET_FOLDERS: set[str] = set()
 jupyter_client, so the runner (`remove_socket_folders`) and the process's exit remove what is left."""
 
 
-def socket_folder() -> str | None:
+def new_socket_folder() -> str | None:
     """A new private folder for one kernel's Unix sockets, or None where its path would be too long for them."""
     folder = tempfile.mkdtemp(prefix="moe-lab-kernel-")
     if len(f"{folder}/kernel-00") <= SOCKET_PATH_MAX:
@@ -100,7 +100,7 @@ class RunKernelManager(AsyncKernelManager):
 
     async def _async_pre_start_kernel(self, **kw):
         if self.socket_folder is None and not self._connection_file_written:
-            self.socket_folder = socket_folder()
+            self.socket_folder = new_socket_folder()
             if self.socket_folder is not None:
                 self.transport = "ipc"
                 self.ip = f"{self.socket_folder}/kernel"

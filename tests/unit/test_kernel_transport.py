@@ -91,7 +91,7 @@ def test_where_the_temporary_folders_path_is_too_long_for_a_socket_the_kernel_us
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     monkeypatch.setattr(kernels.tempfile, "tempdir", str(deep))
-    assert kernels.socket_folder() is None
+    assert kernels.new_socket_folder() is None
     assert list(deep.iterdir()) == []  # the folder it tried is not left behind
     km = kernels.RunKernelManager(kernel_name="python3")
     out, transport = asyncio.run(_start_and_run(km))
