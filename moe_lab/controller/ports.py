@@ -39,8 +39,10 @@ EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def registry_path() -> Path:
-    """The machine's registry of recently handed-out controller ports (per user: each has a temp dir of its own)."""
-    return Path(tempfile.gettempdir()) / f"moe-lab-controller-ports-{os.getuid()}.json"
+    """The machine's registry of recently handed-out controller ports, one per user: in /tmp whatever TMPDIR says (a
+    job or a test with a temp folder of its own still shares the machine's ports), else the temp folder."""
+    root = Path("/tmp") if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK) else Path(tempfile.gettempdir())
+    return root / f"moe-lab-controller-ports-{os.getuid()}.json"
 
 
 def candidate_range() -> tuple[int, int] | None:

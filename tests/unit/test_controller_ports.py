@@ -74,3 +74,10 @@ def test_without_a_range_below_the_ephemeral_one_ipyparallel_picks(registry, mon
 def test_an_unwritable_registry_leaves_the_choice_to_ipyparallel(tmp_path, monkeypatch):
     monkeypatch.setattr(ports, "registry_path", lambda: tmp_path / "no-such-dir" / "ports.json")
     assert ports.reserve() is None
+
+
+def test_the_registry_is_the_machines_whatever_tmpdir_says(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a job's or a test's own temp folder
+    assert ports.registry_path().parent == __import__("pathlib").Path("/tmp")
