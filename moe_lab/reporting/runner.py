@@ -402,16 +402,19 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         try:
             with engine_turns(out_dir, at_once):
                 while todo or running:
-                    while todo and len(running) < at_once:  # at most `at_once`: the next starts as the oldest ends
+                    while todo and len(running) < at_once:  # at most `at_once`: the next starts as one ends
                         num, src = todo.pop(0)
                         logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
                         running.append(_Running(num, src, out_dir, params, profile, timeout or 1800,
                                                 threaded=at_once > 1))
                         if bar is not None:
                             bar.set_postfix_str(" + ".join(r.src.name for r in running))
-                    row = running[0].result()  # the oldest: rows, the index and the bar stay in notebook order
-                    running.pop(0)
-                    rows.append(row)
+                    # whichever ends first: a short notebook beside a long one hands its place to the next, whose
+                    # kernel starts and waits for the engines' turn instead of for the long one's figures
+                    done = _first_done(running)
+                    running.remove(done)
+                    rows.append(done.result())
+                    rows.sort(key=lambda r: r["notebook"])  # the index and its rows stay in notebook order
                     meta["elapsed_s"] = round(time.perf_counter() - started, 1)  # the command's, so far
                     write_index(out_dir, rows, meta)
                     if bar is not None:
@@ -429,6 +432,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 done = {r["notebook"] for r in rows}
                 rows += [_row(n, s, "not run", "not run: the run was interrupted", 0.0) for n, s in chosen
                          if n not in done]
+                rows.sort(key=lambda r: r["notebook"])
                 write_index(out_dir, rows, meta)
             except Exception as w:  # noqa: BLE001 - the interrupt is what the user sees; the index is best effort
                 logger.error("interrupted: the index could not be updated (%s)", w)
@@ -530,9 +534,20 @@ def _stop_beside(running: list) -> None:
             r.join(0.2)
 
 
+def _first_done(running: list["_Running"]) -> "_Running":
+    """The first of the running notebooks to end (the only one where they run in the caller's thread). Short
+    joins: Ctrl-C reaches the main thread while it waits."""
+    while True:
+        for r in running:
+            if not r.alive():
+                return r
+        running[0].join(0.2)
+
+
 class _Running:
     """One notebook of the run: executed by `run_one` in a thread of its own where notebooks run at once (the main
-    thread waits for the oldest and takes the signals), else in the caller's thread when its result is asked for."""
+    thread waits for the first to end and takes the signals), else in the caller's thread when its result is asked
+    for."""
 
     def __init__(self, num: str, src: Path, out_dir: Path, params: dict, profile: str, timeout: float, *,
                  threaded: bool):
