@@ -11,6 +11,8 @@ SWITCHES = {
                        "(default: on, on Linux)",
     "MOE_LAB_PRESTART": "launch a cluster's next engines while the current ones work (default: on a GPU node, or a "
                         "CPU machine with a core for every engine of both sets)",
+    "MOE_LAB_KEEP_ENGINES": "keep a run's own cluster, its cached layers dropped, for the same process's next run "
+                            "for up to 120 s (default: in a notebook kernel, where launching early is on)",
     "MOE_LAB_SHARE_CLUSTER": "one cluster for a run's notebooks (default: on)",
     "MOE_LAB_OVERLAP": "run the next notebook while the current one draws its figures and pages, their cases "
                        "taking turns on the engines (default: on)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from .. import switches
 from ..config import ClusterConfig
 from .state import ClusterState
@@ -107,6 +108,23 @@ def prestart_wanted(cfg: ClusterConfig) -> bool:
     if forced is not None:
         return forced and cfg.launcher == "local"
     return cfg.launcher == "local" and (cfg.device == "cuda" or (os.cpu_count() or 1) >= 2 * cfg.engines)
+
+
+def keep_wanted(cfg: ClusterConfig) -> bool:
+    """Whether a run's own cluster is kept for the same process's next run (`engine_sets.keep`): local engines in a
+    notebook kernel (whose next cell may ask for the same engines) where launching early is wanted.
+    MOE_LAB_KEEP_ENGINES=1 / 0 forces it on / off."""
+    forced = switches.forced("MOE_LAB_KEEP_ENGINES")
+    if forced is not None:
+        return forced and cfg.launcher == "local"
+    return in_notebook_kernel() and prestart_wanted(cfg)
+
+
+def in_notebook_kernel() -> bool:
+    """Whether this process is a running IPython kernel (a notebook's), not a command or a test that imported
+    ipykernel through ipyparallel."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    return app is not None and app.IPKernelApp.initialized()
 
 
 def registered(client, ids=None) -> set[tuple[int, str]]:

@@ -395,13 +395,17 @@ def health_check() -> dict:
 
 
 def release_caches() -> bool:
-    """Drop this rank's cached layers and stacks (and the GPU memory they held); the process group stays. What a
-    notebook leaves behind on a cluster shared by a run's notebooks (controller.attached.detach)."""
+    """Drop this rank's cached layers and stacks, and the outputs questions keep between cases (01's layout
+    references, 08's fp64 truths), with the GPU memory they held; the process group stays. What a notebook leaves
+    behind on a cluster shared by a run's notebooks (controller.attached.detach), or a run on a cluster it keeps
+    for the next (controller.engine_sets.keep)."""
     import gc
 
     import torch
 
     STATE["layers"], STATE["stacks"] = {}, {}
+    for kept_between_cases in ("layout_references", "oracle_truths"):
+        STATE.pop(kept_between_cases, None)
     gc.collect()
     if STATE.get("device") == "cuda":
         torch.cuda.empty_cache()

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.notebook]
 # its "cases" hold the engines 1.5 s, its "figures" take 1.5 s more outside them
 NB = """
     import json, os, time
-    from moe_lab.controller import turns
-    t = {"start": time.time(), "at_once": turns.notebooks_at_once()}
+    from moe_lab.controller import spares, turns
+    t = {"start": time.time(), "at_once": turns.notebooks_at_once(), "kernel": spares.in_notebook_kernel()}
     with turns.engines_turn():
         t["turn"] = [time.time()]
         time.sleep(1.5)
@@ -56,6 +56,7 @@ def test_two_notebooks_at_a_time_take_turns_on_the_engines_and_keep_their_order(
     assert [r["notebook"] for r in index["notebooks"]] == ["01", "02", "03"]
     assert [r["verdict"] for r in index["notebooks"]] == ["01 done", "02 done", "03 done"]
     assert index["meta"]["notebooks_at_once"] == 2 and all(t[n]["at_once"] == 2 for n in t)
+    assert all(t[n]["kernel"] for n in t)  # a notebook's run keeps its own engines for its next cell (keep_wanted)
     assert t["02"]["start"] < t["01"]["end"], "02 did not start while 01 ran"
     assert t["03"]["start"] >= min(t["01"]["end"], t["02"]["end"]), "three notebooks ran at once"
     turns_ = sorted(tuple(t[n]["turn"]) for n in t)

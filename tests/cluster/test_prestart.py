@@ -409,3 +409,50 @@ def test_interrupted_while_waiting_for_the_turn_the_cluster_launched_ahead_is_st
         os.close(fd)
     assert launched == [True]
     _assert_none_left(before)
+
+
+def _run_twice(monkeypatch, keep: str) -> tuple[list[dict], list[dict], set[int], set[int], object]:
+    """Two protocol.runs of the installed release's cases on a cluster of their own, one after the other, as two cells
+    of a notebook → (records, records, engines of the first run, of the second, the cluster kept after the second)."""
+    from moe_lab.controller import engine_sets
+
+    monkeypatch.setenv("MOE_LAB_KEEP_ENGINES", keep)
+    monkeypatch.setenv("MOE_LAB_PRESTART", "0")
+    monkeypatch.delenv(shared.ENV, raising=False)
+    already = _engines_here()  # another test's cluster (a module fixture) is not these runs'
+    first, engines = [], []
+    for _ in range(2):
+        recs = protocol.run(reproduce, P)
+        first.append(recs)
+        k = engine_sets.kept()
+        engines.append(_engines_here() - already)
+        if k is not None:  # its layers dropped: nothing of the last run's cases holds memory while it waits
+            held = "len(__import__('moe_lab.engine.dist', fromlist=['STATE']).STATE.get('layers', {}))"
+            assert k.run(eval, held) == [0] * P.cluster.engines
+    return first[0], first[1], engines[0], engines[1], engine_sets.kept()
+
+
+def test_a_notebooks_next_run_takes_the_engines_its_last_run_kept(monkeypatch, caplog):
+    """Two runs on a cluster of their own, as two cells of one notebook (06's training cases, then its routing
+    replay): the second takes the engines the first kept — the same processes, no cold start — and measures the
+    same; stopping the kept cluster leaves nothing. The control (keeping off): the second run starts new engines
+    and nothing is left between the runs."""
+    import logging
+
+    from moe_lab.controller import engine_sets
+
+    before = _our_ipp_processes()
+    try:
+        with caplog.at_level(logging.INFO, logger="moe_lab.controller.engine_sets"):
+            a, b, first, second, kept = _run_twice(monkeypatch, "1")
+        assert "using the engines kept from this process's last run" in caplog.text
+        assert kept is not None and first and first == second
+    finally:
+        engine_sets.stop_kept()
+    _assert_none_left(before)
+    ca, cb, cfirst, csecond, ckept = _run_twice(monkeypatch, "0")
+    assert ckept is None and not cfirst and not csecond  # the control: every run stops its own engines
+    _assert_none_left(before)
+    key = [(r["case_key"], r["cross_rank"]["n_mismatch"], r["rerun"]["n_mismatch"]) for r in a]
+    assert key and all(key == [(r["case_key"], r["cross_rank"]["n_mismatch"], r["rerun"]["n_mismatch"])
+                               for r in recs] for recs in (b, ca, cb))

@@ -41,6 +41,10 @@ class FakeCluster:
         self.events.append(("stop", graceful) if not self.attached else "detach")
         self.client = None
 
+    def run(self, fn, *args, what="", timeout=None, **kw):
+        self.events.append(("run", fn.__name__))
+        return [True] * self.config.engines
+
 
 @pytest.fixture
 def world(monkeypatch):
@@ -59,7 +63,9 @@ def world(monkeypatch):
     monkeypatch.setattr(shared, "serves", lambda config: config == BASE)
     monkeypatch.setattr("moe_lab.controller.cluster.Cluster", FakeCluster)
     monkeypatch.setattr("moe_lab.controller.spares.prestart_wanted", lambda cfg: False)
-    return attached
+    monkeypatch.setattr("moe_lab.controller.spares.keep_wanted", lambda cfg: False)
+    yield attached
+    engine_sets.stop_kept()  # nothing kept outlives a test
 
 
 def test_a_release_detour_goes_back_to_the_shared_cluster_without_a_restart(world):
@@ -137,3 +143,87 @@ def test_changes_name_only_the_start_fields_that_differ():
     assert engine_sets.changes(BASE, BASE) == {}
     assert engine_sets.changes(BASE, OLD) == {"extra_path": ("/releases/0.11.0",)}
     assert engine_sets.changes(BASE, BASE.replace(env=(("NCCL_ALGO", "Ring"),))) == {"env": (("NCCL_ALGO", "Ring"),)}
+
+
+@pytest.fixture
+def keeping(world, monkeypatch):
+    monkeypatch.setattr("moe_lab.controller.spares.keep_wanted", lambda cfg: True)
+    return world
+
+
+def _first_run_keeps(target):
+    sets = engine_sets.EngineSets()
+    own = sets.ensure(target)
+    sets.close()
+    assert own.events == ["start", ("run", "release_caches")] and own.client is not None  # kept, layers dropped
+    assert engine_sets.kept() is own
+    return own
+
+
+def test_a_runs_own_cluster_is_kept_and_the_next_run_that_needs_it_takes_it(keeping):
+    own = _first_run_keeps(OLD)
+    sets = engine_sets.EngineSets()
+    assert engine_sets.kept() is None  # the next run holds it now
+    assert sets.launch_ahead(OLD) is False  # nothing launched: the kept engines serve the first group
+    assert sets.ensure(OLD) is own and len(FakeCluster.made) == 1  # no cold start
+    sets.close()
+    assert engine_sets.kept() is own and ("stop", True) not in own.events
+
+
+def test_a_kept_cluster_the_next_run_does_not_need_is_stopped(keeping):
+    own = _first_run_keeps(OLD)
+    sets = engine_sets.EngineSets()
+    other = sets.ensure(MID)  # another release: the kept engines do not serve it
+    assert other is not own and own.events[-1] == ("stop", True) and other.events[0] == "start"
+    sets.close()
+    assert engine_sets.kept() is other
+
+    engine_sets.stop_kept()
+    own = _first_run_keeps(OLD)
+    sets = engine_sets.EngineSets()
+    assert sets.ensure(BASE).attached  # the shared cluster serves this run: the kept one ends with it
+    sets.close()
+    assert own.events[-1] == ("stop", True) and engine_sets.kept() is None
+
+
+def test_a_kept_cluster_nobody_asks_for_is_stopped_after_its_time(keeping):
+    import time
+
+    own = FakeCluster(OLD).start()
+    engine_sets.keep(own, seconds=0.05)
+    deadline = time.monotonic() + 5
+    while engine_sets.kept() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine_sets.kept() is None and own.events[-1] == ("stop", True)
+
+
+def test_nothing_is_kept_after_a_failure_or_where_keeping_is_not_wanted(keeping, monkeypatch):
+    sets = engine_sets.EngineSets()
+    own = sets.ensure(OLD)
+    sets.close(KeyboardInterrupt())
+    assert own.events == ["start", ("stop", False)] and engine_sets.kept() is None
+    monkeypatch.setattr("moe_lab.controller.spares.keep_wanted", lambda cfg: False)  # the control
+    sets = engine_sets.EngineSets()
+    own = sets.ensure(OLD)
+    sets.close()
+    assert own.events == ["start", ("stop", True)] and engine_sets.kept() is None
+
+
+def test_keeping_is_wanted_in_a_notebook_kernel_where_launching_early_is(monkeypatch):
+    from moe_lab.controller import spares
+
+    monkeypatch.delenv("MOE_LAB_KEEP_ENGINES", raising=False)
+    monkeypatch.setattr(spares, "prestart_wanted", lambda cfg: True)
+    import ipyparallel  # noqa: F401 - imports ipykernel: a command or a test is still no notebook kernel
+
+    assert not spares.in_notebook_kernel() and not spares.keep_wanted(BASE)  # a command's one run: nobody asks again
+    monkeypatch.setattr(spares, "in_notebook_kernel", lambda: True)
+    assert spares.keep_wanted(BASE)
+    monkeypatch.setattr(spares, "prestart_wanted", lambda cfg: False)
+    assert not spares.keep_wanted(BASE)
+    monkeypatch.setattr(spares, "prestart_wanted", lambda cfg: True)
+    monkeypatch.setenv("MOE_LAB_KEEP_ENGINES", "1")
+    assert spares.keep_wanted(BASE) and not spares.keep_wanted(BASE.replace(launcher="mpi"))
+    monkeypatch.setenv("MOE_LAB_KEEP_ENGINES", "2")
+    with pytest.raises(ValueError, match="MOE_LAB_KEEP_ENGINES"):
+        spares.keep_wanted(BASE)

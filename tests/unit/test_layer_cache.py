@@ -53,3 +53,15 @@ def test_two_dispatchers_layers_of_one_layout_are_kept_only_where_both_fit(monke
     assert list(layer.STATE["layers"].values())[-1] is second
     other = layer.get_layer(cfg.replace(hidden=cfg.hidden * 2), lay)  # another shape: no estimate, nothing dropped
     assert len(layer.STATE["layers"]) == min(kept + 1, layer.MAX_LAYERS) and other is not second
+
+
+def test_release_caches_drops_what_cases_keep_and_nothing_of_the_engine(monkeypatch):
+    """What a notebook leaves on engines another run takes next: layers, stacks, 01's layout references and 08's fp64
+    truths go; the engine's own state (rank, device, what it prepared) stays."""
+    from moe_lab.engine import dist
+
+    state = {"layers": {"k": 1}, "stacks": {"s": 2}, "layout_references": {"r": 3}, "oracle_truths": {"t": 4},
+             "rank": 0, "device": "cpu", "prepared": True}
+    monkeypatch.setattr(dist, "STATE", state)
+    assert dist.release_caches()
+    assert state == {"layers": {}, "stacks": {}, "rank": 0, "device": "cpu", "prepared": True}
