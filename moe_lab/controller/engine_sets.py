@@ -14,10 +14,10 @@ for each group, `prefetch(config)` for the one after it, calls `tick()` between 
 (the early set's imports start once its engines have registered) and `close()` at the end.
 
 A run that ends well on a cluster of its own keeps it, its cached layers dropped, for the same process's next run
-(`KEEP_S`; in a notebook kernel where launching early is wanted: `spares.keep_wanted`): a notebook's next cell often asks for the same engines (06's routing
-replay after its training cases, on the deterministic environment), which would otherwise start cold (16–20 s on
-one GPU: a preload server's imports). The next run takes it where its first own cluster would start as it was
-started, and stops it otherwise; so do the end of `KEEP_S` and the process's exit.
+(`KEEP_S`; in a notebook kernel where launching early is wanted: `spares.keep_wanted`): a notebook's next cell often
+asks for the same engines (06's routing replay after its training cases, on the deterministic environment), which
+would otherwise start cold (16–20 s on one GPU: a preload server's imports). The next run takes it where its first
+own cluster would start as it was started, and stops it otherwise; so do the end of `KEEP_S` and the process's exit.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ _kept_lock = threading.Lock()
 def keep(cluster, seconds: float = KEEP_S) -> None:
     """Hold `cluster` (started, its caches dropped) for the next run; stopped after `seconds` if nobody takes it.
     A cluster kept before it is stopped now."""
-    timer = threading.Timer(seconds, _expire, args=(cluster,))
+    timer = threading.Timer(seconds, _expire, args=(cluster, seconds))
     timer.daemon = True
     with _kept_lock:
         before = _kept.pop("cluster", None)
@@ -66,13 +66,13 @@ def kept():
     return _kept.get("cluster")
 
 
-def _expire(cluster) -> None:
+def _expire(cluster, seconds: float) -> None:
     with _kept_lock:
         if _kept.get("cluster") is not cluster:
             return
         _kept.pop("cluster")
         _kept.pop("timer", None)
-    logger.info("stopping the engines kept from the last run: no run asked for them in %.0f s", KEEP_S)
+    logger.info("stopping the engines kept from the last run: no run asked for them in %.0f s", seconds)
     cluster.stop()
 
 
