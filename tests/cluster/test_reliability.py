@@ -231,7 +231,7 @@ def test_ctrl_c_during_a_call_stops_the_engines(fault_cluster):
 @pytest.mark.cluster
 def test_sigterm_to_moe_lab_run_stops_kernel_and_engines(tmp_path):
     """`moe-lab run` gets SIGTERM while a notebook's cluster computes: runner, kernel, controller and engines all
-    end, the index marks the notebook interrupted (the next one, run beside it, ran or was interrupted; the one
+    end, the index marks the notebook interrupted (the next one, run beside it and still busy, interrupted; the one
     after that not run: at most two at once), exit code 143 (128 + SIGTERM) within 10 s, the last line counting
     every process that ran under it."""
     nbs = _notebooks(tmp_path / "nbs", {
@@ -247,7 +247,7 @@ def test_sigterm_to_moe_lab_run_stops_kernel_and_engines(tmp_path):
                 os.replace(os.path.join(out_dir, "ready.tmp"), os.path.join(out_dir, "ready.json"))
                 c.run(faults.sleep_on, 0, 300, collective=False, timeout=600)
         """,
-        "02": "print('beside 01')",
+        "02": "import time\ntime.sleep(120)\nprint('beside 01')",  # both places taken: 03 cannot start
         "03": "print('must not run')",
     })
     out = tmp_path / "out"
@@ -283,7 +283,7 @@ def test_sigterm_to_moe_lab_run_stops_kernel_and_engines(tmp_path):
     rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
     assert rows["01"]["status"] == "interrupted" and "SIGTERM" in rows["01"]["error"]
     assert "SIGTERM" in (out / rows["01"]["html"]).read_text()
-    assert rows["02"]["status"] in ("ok", "interrupted") and rows["03"]["status"] == "not run"
+    assert rows["02"]["status"] == "interrupted" and rows["03"]["status"] == "not run"
 
 
 # ---------------------------------------------------------------------------------------------- 6. notebooks
