@@ -456,3 +456,20 @@ def test_a_notebooks_next_run_takes_the_engines_its_last_run_kept(monkeypatch, c
     key = [(r["case_key"], r["cross_rank"]["n_mismatch"], r["rerun"]["n_mismatch"]) for r in a]
     assert key and all(key == [(r["case_key"], r["cross_rank"]["n_mismatch"], r["rerun"]["n_mismatch"])
                                for r in recs] for recs in (b, ca, cb))
+
+
+def test_kept_engines_nobody_asks_for_are_stopped_from_their_timer(monkeypatch):
+    """The kept cluster's expiry stops real engines from its timer thread (as a notebook kernel idles past `KEEP_S`):
+    nothing of it is left, and nothing is kept any more."""
+    from moe_lab.controller import engine_sets
+
+    before = _our_ipp_processes()
+    _run_twice(monkeypatch, "1")  # (a second run: the kept engines are taken and kept again)
+    c = engine_sets.take_kept()
+    assert c is not None and c.client is not None
+    engine_sets.keep(c, seconds=0.5)
+    deadline = time.monotonic() + 30
+    while (engine_sets.kept() is not None or c.client is not None) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine_sets.kept() is None and c.client is None
+    _assert_none_left(before)
