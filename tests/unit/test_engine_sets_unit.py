@@ -160,11 +160,12 @@ def _first_run_keeps(target):
     return own
 
 
-def test_a_runs_own_cluster_is_kept_and_the_next_run_that_needs_it_takes_it(keeping):
+def test_a_runs_own_cluster_is_kept_and_the_next_run_that_needs_it_takes_it(keeping, monkeypatch):
     own = _first_run_keeps(OLD)
     sets = engine_sets.EngineSets()
     assert engine_sets.kept() is None  # the next run holds it now
-    assert sets.launch_ahead(OLD) is False  # nothing launched: the kept engines serve the first group
+    monkeypatch.setattr("moe_lab.controller.spares.prestart_wanted", lambda cfg: True)  # launching early is on ...
+    assert sets.launch_ahead(OLD) is False  # ... but nothing is launched: the kept engines serve the first group
     assert sets.ensure(OLD) is own and len(FakeCluster.made) == 1  # no cold start
     sets.close()
     assert engine_sets.kept() is own and ("stop", True) not in own.events
