@@ -464,12 +464,15 @@ def test_kept_engines_nobody_asks_for_are_stopped_from_their_timer(monkeypatch):
     from moe_lab.controller import engine_sets
 
     before = _our_ipp_processes()
-    _run_twice(monkeypatch, "1")  # (a second run: the kept engines are taken and kept again)
-    c = engine_sets.take_kept()
-    assert c is not None and c.client is not None
-    engine_sets.keep(c, seconds=0.5)
-    deadline = time.monotonic() + 30
-    while (engine_sets.kept() is not None or c.client is not None) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert engine_sets.kept() is None and c.client is None
+    try:
+        _run_twice(monkeypatch, "1")  # (a second run: the kept engines are taken and kept again)
+        c = engine_sets.take_kept()
+        assert c is not None and c.client is not None
+        engine_sets.keep(c, seconds=0.5)
+        deadline = time.monotonic() + 30
+        while (engine_sets.kept() is not None or c.client is not None) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engine_sets.kept() is None and c.client is None
+    finally:
+        engine_sets.stop_kept()  # a failed check leaves no engines to the next test
     _assert_none_left(before)
