@@ -394,18 +394,22 @@ def health_check() -> dict:
     return {"rank": rank, "ok": True, "sum": got, "t_s": time.perf_counter() - t0}
 
 
+def case_cache(name: str) -> dict:
+    """This rank's cache `name` of what a question keeps between its cases (01's layout references, 08's fp64
+    truths); `release_caches` drops every one of them."""
+    return STATE.setdefault("case_caches", {}).setdefault(name, {})
+
+
 def release_caches() -> bool:
-    """Drop this rank's cached layers and stacks, and the outputs questions keep between cases (01's layout
-    references, 08's fp64 truths), with the GPU memory they held; the process group stays. What a notebook leaves
-    behind on a cluster shared by a run's notebooks (controller.attached.detach), or a run on a cluster it keeps
-    for the next (controller.engine_sets.keep)."""
+    """Drop this rank's cached layers and stacks, and the questions' `case_cache`s, with the GPU memory they held;
+    the process group stays. What a notebook leaves behind on a cluster shared by a run's notebooks
+    (controller.attached.detach), or a run on a cluster it keeps for the next (controller.engine_sets.keep)."""
     import gc
 
     import torch
 
     STATE["layers"], STATE["stacks"] = {}, {}
-    for kept_between_cases in ("layout_references", "oracle_truths"):
-        STATE.pop(kept_between_cases, None)
+    STATE.pop("case_caches", None)
     gc.collect()
     if STATE.get("device") == "cuda":
         torch.cuda.empty_cache()

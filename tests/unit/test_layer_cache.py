@@ -60,8 +60,10 @@ def test_release_caches_drops_what_cases_keep_and_nothing_of_the_engine(monkeypa
     truths go; the engine's own state (rank, device, what it prepared) stays."""
     from moe_lab.engine import dist
 
-    state = {"layers": {"k": 1}, "stacks": {"s": 2}, "layout_references": {"r": 3}, "oracle_truths": {"t": 4},
-             "rank": 0, "device": "cpu", "prepared": True}
+    state = {"layers": {"k": 1}, "stacks": {"s": 2}, "rank": 0, "device": "cpu", "prepared": True}
     monkeypatch.setattr(dist, "STATE", state)
+    dist.case_cache("layout_references")["r"] = 3
+    dist.case_cache("oracle_truths")["t"] = 4
+    assert dist.case_cache("oracle_truths") == {"t": 4}  # the same cache each time it is asked for
     assert dist.release_caches()
     assert state == {"layers": {}, "stacks": {}, "rank": 0, "device": "cpu", "prepared": True}

@@ -120,10 +120,10 @@ def _truth(moe: dict, spec: str):
     import torch
 
     from ...engine import toolkit
-    from ...engine.dist import STATE
+    from ...engine.dist import STATE, case_cache
 
     key = repr((sorted(moe.items()), spec))
-    cache = STATE.setdefault("oracle_truths", {})
+    cache = case_cache("oracle_truths")
     if key not in cache:
         if len(cache) > 8:
             cache.clear()
@@ -259,7 +259,7 @@ def on_engine(payload: dict) -> dict:
     import torch
 
     from ...engine import toolkit
-    from ...engine.dist import STATE
+    from ...engine.dist import case_cache
 
     kn, moe = payload["knobs"], payload["moe"]
     rank0 = toolkit.tdist.get_rank() == 0
@@ -281,7 +281,7 @@ def on_engine(payload: dict) -> dict:
                               "routing_equal": bool(torch.equal(other["router.routing_map"],
                                                                 truth["router.routing_map"]))}, None)
             if spec != kn["reference"]:  # only the reference's truth is needed after its comparison
-                STATE.get("oracle_truths", {}).pop(repr((sorted(moe.items()), spec)), None)
+                case_cache("oracle_truths").pop(repr((sorted(moe.items()), spec)), None)
             continue
         stages, note = _run({**moe, "dispatcher": d}, spec, fault)
         if fault:

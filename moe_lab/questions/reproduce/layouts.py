@@ -98,14 +98,14 @@ def _forward_stages(cfg_dict: dict, layout):
 
 def on_engine(payload: dict) -> dict:
     from ...engine import toolkit
-    from ...engine.dist import STATE
+    from ...engine.dist import case_cache
 
     kn, moe = payload["knobs"], payload["moe"]
     reference = Layout.parse(kn["reference_spec"])
     ref_moe = {**moe, "seed": kn.get("reference_seed", moe["seed"])}  # another seed: the tests' control only
     ref_key = repr((sorted(ref_moe.items()), reference))
-    refs = STATE.setdefault("layout_references", {})
-    if ref_key not in refs:  # computed once per reference layer on this engine (the cache is dropped on a restart)
+    refs = case_cache("layout_references")
+    if ref_key not in refs:  # once per reference layer on this engine (dropped on a restart and by release_caches)
         while len(refs) >= REFERENCES_KEPT:
             refs.pop(next(iter(refs)))
         with toolkit.deterministic(moe["deterministic"]):
