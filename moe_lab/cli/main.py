@@ -74,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_whole_seconds, default=None, help="seconds per notebook (default 1800; whole "
                    "seconds, a fraction is rounded up)")
     r.add_argument("--budget", type=_number("--budget", least=0, most=7 * 86400), default=None,
-                   help="cpu profile: seconds its notebooks may take on this CPU (default 300); the run times one "
-                   "bf16 GEMM and runs a smaller layer where the prediction is over it, said in the report; 0: "
-                   "the profile's layer whatever it takes")
+                   help="seconds the run may take: the cpu profile on this CPU (default 300; the run times one bf16 "
+                   "GEMM), the gpu profile where its ranks share one GPU (default 600; the run times a plain "
+                   "forward); where the prediction is over it the run does less work, said in the report; 0: the "
+                   "profile's work whatever it takes")
     add_launcher_arguments(r)
 
     lab = sub.add_parser("lab", help="open JupyterLab on notebooks/ with the lab's kernel")

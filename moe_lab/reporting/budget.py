@@ -1,4 +1,4 @@
-"""The cpu profile's time on this CPU: measured at the start of a run, and the layer sized so the run holds its budget.
+"""A profile's time on this machine: measured at the start of a run, and the work sized so the run holds its budget.
 
 On a CPU the bf16 GEMM decides how long the cpu profile takes: torch's CPU build sends bf16 GEMMs to oneDNN only where
 the CPU has bf16 instructions (AVX-512 BF16, AMX); an AVX2-only CPU takes torch's own loop, 9-50x its fp32 GEMM
@@ -9,7 +9,16 @@ prediction is over the budget, runs a smaller layer: the experts' ffn width and 
 (each step halves the GEMMs' work, `STEPS`), as few steps as the prediction says hold it. The report says what was
 measured, what was predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
 
-Torch-free: the measurement runs on an engine (`engine.kernels.gemm_ms`), this module only does the arithmetic.
+On one GPU shared by the ranks (virtual EP over gloo) the transport decides how long the gpu profile takes: every
+collective goes device → host → loopback TCP → host → device, most of a forward (docs/bench.md). So a gpu-profile run
+there first times a plain forward of the profile's layer on the shared cluster (`measure_forward_on_engines`), scales
+each notebook's cases from `VIRTUAL_EP_CALIBRATION` (one H200's whole-profile run) by it, and, where the prediction is
+over `GPU_BUDGET_S`, cuts in the order `VIRTUAL_EP_STEPS`: notebook 06's training steps, then the tokens per forward of
+every other notebook. Each cut's saving comes from the calibration run's own records (`TOKENS_FIXED_SHARE`,
+`STEPS_FIXED_SHARE`): the part of a case that does not shrink with the work.
+
+Torch-free: the measurements run on engines (`engine.kernels.gemm_ms`, `engine.toolkit.time_forward`), this module
+only does the arithmetic.
 """
 
 from __future__ import annotations
@@ -44,6 +53,45 @@ forward (their M; the truncation cut and notebook 09's lengths follow), and so o
 
 DEFAULT_BUDGET_S = 300.0
 """The cpu profile's budget for a run (the command's start to its end; set-up excluded)."""
+
+
+VIRTUAL_EP_CALIBRATION = {
+    "machine": "one H200 (GPU-d846b66b, 16-core Xeon), 4 ranks sharing it over gloo, torch 2.11.0+cu130, "
+               "megatron-core 0.16.1, the gpu profile at 360181b, 2026-12-05 evening "
+               "(reports/published/gpu-h200x1-2026-12-05-whole-profile)",
+    "forward_ms": 159.6,
+    "start_s": 207.1,
+    "notebooks": {"01": 43.6, "02": 9.0, "03": 70.0, "04": 97.9, "05": 188.1, "06": 187.4, "07": 103.4, "08": 35.7,
+                  "09": 21.2},
+}
+"""The calibration run on virtual EP. `forward_ms`: its plain forward of the profile's layer (notebook 09's allgather
+case at 1024 tokens, router dtype none: the median of its trials' forwards, slowest rank); `notebooks`: the sum of each
+notebook's cases' `case_wall_s` (`moe-lab timing` of the folder); `start_s`: the rest of the run — its 983 s over two
+device calls less the cases' 756.3 s and the second call's cluster start (19.6 s): cluster start, kernel starts,
+figures and pages not hidden behind the other notebook, and 99 s of engines idle between cases."""
+
+TOKENS_FIXED_SHARE = 0.31
+"""The part of a seed-layer case that does not shrink with the tokens per forward: notebook 09's cases of the
+calibration run at 256, 1024 and 4096 tokens lie on a line whose intercept is 0.30 of the 1024-token case (allgather:
+1.39, 2.90, 8.26 s) and 0.33 (alltoall: 0.91, 1.84, 5.87 s)."""
+
+STEPS_FIXED_SHARE = 0.26
+"""The part of a notebook-06 training run that does not shrink with its steps, at most: in the calibration run a
+4-layer run took 8.1-8.6 s against 2.0-3.3 s with 1 layer (ep4, deterministic), so of a 1-layer run's 2.6 s, 0.67 s
+(0.26) does not scale with the layers' work; the per-step work it holds scales with the steps too, so this overstates
+what a halving keeps, and the prediction errs long."""
+
+VIRTUAL_EP_STEPS = (("training.steps", 2), ("seq_len", 2), ("seq_len", 2))
+"""The cuts on virtual EP, in order: notebook 06's steps halved (its runs part after step 1 in every published
+report), then the tokens per forward of every other notebook halved, twice at most (the truncation cut and notebook
+09's lengths follow, as on a CPU): at 256 tokens the calibration run's notebook 09 still shows the ranks differing,
+run-to-run nondeterminism and the truncation test failing."""
+
+TOKENS_SCALED = ("01", "02", "03", "04", "05", "07", "08", "09")
+"""The notebooks whose cases run the profile's layer at its tokens per forward (06 runs its training preset)."""
+
+GPU_BUDGET_S = 600.0
+"""The gpu profile's budget for a run on one GPU shared by its ranks (the command's start to its end)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +176,112 @@ def size(gemm_ms: float, fp32_ms: float, layer: dict, notebooks, *, budget_s: fl
                   predicted_s=predicted, overrides=overrides, held=predicted <= budget_s)
 
 
+@dataclass(frozen=True)
+class VirtualEpSizing:
+    """A gpu-profile run on one GPU shared by its ranks: what it was sized to, and why."""
+
+    forward_ms: float
+    """A plain forward of the profile's layer on this cluster (ms: median of 5 after a warm-up, slowest rank)."""
+    reference_ms: float
+    """The same forward in the calibration run."""
+    ranks: int
+    budget_s: float
+    predicted_full_s: float
+    predicted_s: float
+    overrides: dict
+    held: bool
+
+    def words(self) -> str:
+        speed = (f"{self.ranks} ranks share this GPU over gloo, so the transport between them sets the pace: a plain "
+                 f"forward of the profile's layer took {self.forward_ms:.0f} ms ({self.reference_ms:.0f} ms in the "
+                 f"calibration run on one H200); at the profile's work the run was predicted to take "
+                 f"{self.predicted_full_s:.0f} s")
+        if not self.overrides:
+            return (f"{speed} (budget {self.budget_s:.0f} s): it ran the profile's work"
+                    + ("." if self.held else ", over the budget (nothing left to cut)."))
+        cut = ", ".join(f"{k} {v}" for k, v in self.overrides.items())
+        how = "less work" if self.held else "the least work the sizing cuts to"
+        return (f"{speed}, over its budget of {self.budget_s:.0f} s, so it ran {how} ({cut}): predicted "
+                f"{self.predicted_s:.0f} s{'' if self.held else ', still over the budget'}. Each question's effect "
+                f"is measured at that size; a run at the profile's size: --budget 0.")
+
+
+def predict_virtual_ep(forward_ms: float, notebooks, calibration: dict = VIRTUAL_EP_CALIBRATION, *,
+                       tokens: float = 1.0, steps: float = 1.0) -> float:
+    """Seconds for a run of `notebooks` on virtual EP whose plain forward takes `forward_ms`, at `tokens` and `steps`
+    times the profile's: the calibration run's start, and each notebook's cases scaled by the forward's speed, their
+    part that shrinks with the work (1 - the fixed share) scaled by it."""
+    speed = forward_ms / calibration["forward_ms"]
+    total = float(calibration.get("start_s", 0.0))
+    for nb in notebooks:
+        t = calibration["notebooks"].get(nb)
+        if t is None:
+            continue
+        if nb in TOKENS_SCALED:
+            work, fixed = tokens, TOKENS_FIXED_SHARE
+        elif nb == "06":
+            work, fixed = steps, STEPS_FIXED_SHARE
+        else:
+            work, fixed = 1.0, 1.0
+        total += t * speed * (fixed + (1 - fixed) * work)
+    return total
+
+
+def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, budget_s: float = GPU_BUDGET_S,
+                    calibration: dict = VIRTUAL_EP_CALIBRATION) -> VirtualEpSizing:
+    """The first prefix of `VIRTUAL_EP_STEPS` whose prediction holds `budget_s` (all of them where none does).
+    `layer`: the profile's seq_len, cut, seq_lens and training.steps."""
+    if not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise ValueError(f"budget ({budget_s!r}) must be a positive number of seconds (0 turns sizing off)")
+    if not (isinstance(forward_ms, (int, float)) and forward_ms > 0):
+        raise ValueError(f"the measured forward ({forward_ms!r} ms) must be a positive number")
+    full = predict_virtual_ep(forward_ms, notebooks, calibration)
+    cur, overrides = dict(layer), {}
+    tokens = steps = 1.0
+    predicted = full
+    wanted = set(notebooks)
+    for key, factor in VIRTUAL_EP_STEPS:
+        if predicted <= budget_s:
+            break
+        if key == "training.steps":
+            if "06" not in wanted or cur.get(key, 0) // factor < 2:
+                continue
+            cur[key] = cur[key] // factor
+            overrides[key] = cur[key]
+            steps /= factor
+        else:
+            if not wanted & set(TOKENS_SCALED) or cur.get("seq_len", 0) // factor < 2 * factor:
+                continue
+            cur["seq_len"] //= factor
+            overrides["seq_len"] = cur["seq_len"]
+            if "cut" in cur:
+                cur["cut"] = max(1, cur["cut"] // factor)
+                overrides["cut"] = cur["cut"]
+            if cur.get("seq_lens"):
+                cur["seq_lens"] = [max(2, n // factor) for n in cur["seq_lens"]]
+                overrides["seq_lens"] = cur["seq_lens"]
+            tokens /= factor
+        predicted = predict_virtual_ep(forward_ms, notebooks, calibration, tokens=tokens, steps=steps)
+    return VirtualEpSizing(forward_ms=float(forward_ms), reference_ms=float(calibration["forward_ms"]), ranks=ranks,
+                           budget_s=float(budget_s), predicted_full_s=full, predicted_s=predicted,
+                           overrides=overrides, held=predicted <= budget_s)
+
+
+def measure_forward_on_engines(cfg_dict: dict, layout: dict) -> float:
+    """Runs on every rank at once: a plain forward of the layer `cfg_dict` at `layout`, the median seconds of 5 after
+    a warm-up (the controller takes the slowest rank's, as the probe's t_forward_s does). The layer is dropped
+    afterwards: a sized run's notebooks build theirs at another size."""
+    from ..engine import dist, toolkit
+
+    s = toolkit.setup(cfg_dict, layout)
+    try:
+        toolkit.forward(s.layer, s.tokens)
+        return toolkit.time_forward(s.layer, s.tokens, 5)
+    finally:
+        del s
+        dist.release_caches()
+
+
 def measure_on_engine() -> dict:
     """Runs on an engine: the reference GEMM's median ms in bf16 and in fp32, on one thread."""
     import torch
@@ -145,4 +299,6 @@ def measure_on_engine() -> dict:
 
 
 __all__ = ["Sizing", "size", "predict", "measure_on_engine", "REFERENCE_SHAPE", "CALIBRATION", "STEPS",
-           "DEFAULT_BUDGET_S"]
+           "DEFAULT_BUDGET_S", "VirtualEpSizing", "size_virtual_ep", "predict_virtual_ep", "measure_forward_on_engines",
+           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE",
+           "GPU_BUDGET_S"]

@@ -249,14 +249,15 @@ def _files(out_dir: Path) -> str:
 
 
 def _profile_and_sizing_notes(meta: dict) -> str:
-    """The profile's own description (what it runs and leaves out) and the run's sizing for this CPU
+    """The profile's own description (what it runs and leaves out) and the run's sizing for this machine
     (`reporting.budget`), in their own words, under the answers."""
     about, words = meta.get("profile_about"), meta.get("sizing")
     overridden = meta.get("overridden")
     out = (f"<p class='sizing'><b>The {html.escape(str(meta.get('profile', '')))} profile</b>"
            f"{' (as written; this run overrides ' + html.escape(', '.join(overridden)) + ')' if overridden else ''}: "
            f"{html.escape(str(about))}</p>") if about else ""
-    out += f"<p class='sizing'><b>Sized for this CPU:</b> {html.escape(str(words))}</p>" if words else ""
+    machine = html.escape(str(meta.get("sizing_for", "CPU")))
+    out += f"<p class='sizing'><b>Sized for this {machine}:</b> {html.escape(str(words))}</p>" if words else ""
     if meta.get("notebooks_at_once", 1) > 1:
         out += ("<p class='sizing'><b>Two notebooks at a time:</b> each notebook's figures and pages were drawn while "
                 "the next one's cases ran (the cases took turns on the engines), so the run's seconds below overlap; "
@@ -338,11 +339,11 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
             out: str | None = None, timeout: float | None = None, nb_dir: Path = NOTEBOOKS,
             budget: float | None = None) -> int:
     """Execute the selected notebooks in order; returns 0 if all ran, 1 if any failed. Input is checked first.
-    `budget`: the cpu profile's seconds on this CPU (`reporting.budget`; None: its default, 0: no sizing)."""
+    `budget`: the run's seconds on this machine (`reporting.budget`; None: the profile's default, 0: no sizing)."""
     out_dir = check_out(out)  # '', reports/published/…, a folder of tracked files: one line, nothing started
     if budget is not None and not (isinstance(budget, (int, float)) and not isinstance(budget, bool)
                                    and 0 <= budget < float("inf")):
-        raise ValueError(f"budget ({budget!r}) must be a number of seconds >= 0 (0: no sizing for this CPU)")
+        raise ValueError(f"budget ({budget!r}) must be a number of seconds >= 0 (0: no sizing for this machine)")
     profile = profile or default_profile()
     config = profiles.load(profile, overrides)  # parsed once; raises ValueError before anything starts
     chosen = select(only, nb_dir)
@@ -385,9 +386,11 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         if cluster is not None:  # the shared cluster's start, for `moe-lab timing` (reporting.timing)
             meta["cluster_timings"] = {k: round(v, 2) for k, v in cluster.timings.items()
                                        if isinstance(v, (int, float))}
-        sizing = _size_for_this_cpu(cluster, config, profile, overrides or {}, [n for n, _ in chosen], budget)
+        sizing = _size_for_this_machine(cluster, config, profile, overrides or {}, [n for n, _ in chosen],
+                                        budget)
         if sizing is not None:
             meta["sizing"] = sizing.words()
+            meta["sizing_for"] = "GPU" if config.cluster.device == "cuda" else "CPU"
             logger.info("sizing: %s", meta["sizing"])
             if sizing.overrides:
                 overrides = {**(overrides or {}), **sizing.overrides}
@@ -459,29 +462,49 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
 
 
 SIZED_KEYS = ("hidden", "num_experts", "topk", "ffn_hidden", "seq_len", "cut", "seq_lens", "model", "scale")
-"""Profile keys whose override makes a run's layer another than the one `budget.CALIBRATION` was measured on."""
+"""Profile keys whose override makes a run's layer another than the one its calibration (`reporting.budget`) was
+measured on."""
 
 
-def _size_for_this_cpu(cluster, config, profile: str, overrides: dict, notebooks: list[str], budget: float | None):
-    """The cpu profile's run sized for this CPU (`reporting.budget`), or None where it is not sized: a GPU, --budget
-    0, a layer other than the calibrated one (another profile, a layer key overridden), or no shared cluster to
-    time the GEMM on (a single notebook: its own cluster starts inside it)."""
+def _size_for_this_machine(cluster, config, profile: str, overrides: dict, notebooks: list[str],
+                           budget: float | None):
+    """The run sized for this machine (`reporting.budget`): the cpu profile for this CPU's bf16 GEMM, the gpu profile
+    for the transport of ranks sharing one GPU (virtual EP). None where it is not sized: --budget 0, another profile or
+    placement (one rank per GPU), a layer other than the calibrated one (a layer key overridden), or no shared cluster
+    to measure on (a single notebook: its own cluster starts inside it)."""
     from . import budget as budget_mod
 
-    if budget == 0 or config.cluster.device != "cpu" or profile != "cpu" or cluster is None:
+    if budget == 0 or cluster is None:
         return None
-    touched = sorted(k for k in overrides if k.split(".")[-1] in SIZED_KEYS)
+    device = config.cluster.device
+    virtual_ep = device == "cuda" and profile == "gpu" and getattr(cluster.state.config, "ranks_per_gpu", 1) > 1
+    if not (device == "cpu" and profile == "cpu") and not virtual_ep:
+        return None
+    touched = sorted(k for k in overrides if k.split(".")[-1] in SIZED_KEYS or (virtual_ep and k == "training.steps"))
     if touched:
-        logger.info("sizing: not sized (the calibration is the cpu profile's layer; %s overridden)", ", ".join(touched))
+        logger.info("sizing: not sized (the calibration is the %s profile's layer; %s overridden)", profile,
+                    ", ".join(touched))
         return None
     from ..controller import calls
     from ..questions.seq_len.params import SeqLenParams
 
-    took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
-    layer = {"ffn_hidden": config.layer.ffn_hidden, "seq_len": config.layer.seq_len, "cut": config.run.cut,
+    layer = {"seq_len": config.layer.seq_len, "cut": config.run.cut,
              "seq_lens": list(config.params(SeqLenParams).seq_lens)}
-    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks,
-                           budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
+    if virtual_ep:
+        from ..questions.training.params import TrainParams
+
+        plain = config.layer.replace(dispatcher="allgather", router_dtype="none", probs_fp32_gather=False,
+                                     deterministic=False)
+        world = len(cluster.state.engine_ids)
+        per_rank = calls.run(cluster.state, budget_mod.measure_forward_on_engines, plain.asdict(),
+                             config.layout.on(world).asdict(), what="timing a plain forward of the profile's layer",
+                             timeout=300)
+        return budget_mod.size_virtual_ep(max(per_rank) * 1e3, cluster.state.config.ranks_per_gpu,
+                                          {**layer, "training.steps": config.params(TrainParams).steps}, notebooks,
+                                          budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
+    took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
+    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], {**layer, "ffn_hidden": config.layer.ffn_hidden},
+                           notebooks, budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
 
 
 SHARED_FILE = ".moe_lab-cluster.json"

@@ -99,3 +99,151 @@ def test_every_questions_cases_build_at_the_smallest_layer_the_sizing_cuts_to():
             assert all(c.cut < c.moe.seq_len for c in cases), (q.number, m.__name__)
     with pytest.raises(ValueError, match="cut"):
         profiles.load("cpu", {k: v for k, v in s.overrides.items() if k != "cut"})
+
+
+# ------------------------------------------------------------------ the gpu profile on ranks sharing one GPU
+VCAL = {"machine": "test", "forward_ms": 100.0, "start_s": 50.0, "notebooks": {"01": 100.0, "05": 200.0, "06": 100.0}}
+VLAYER = {"seq_len": 1024, "cut": 90, "seq_lens": [256, 1024, 4096], "training.steps": 25}
+NBS = ["01", "05", "06"]
+
+
+def test_the_virtual_ep_prediction_scales_the_calibration_run_by_the_measured_forward():
+    assert budget.predict_virtual_ep(100.0, NBS, VCAL) == pytest.approx(50 + 400)
+    assert budget.predict_virtual_ep(200.0, NBS, VCAL) == pytest.approx(50 + 800)
+    # half the tokens: 01's and 05's cases keep their fixed share and halve the rest; 06 (its own preset) is unmoved
+    tok = budget.TOKENS_FIXED_SHARE
+    assert budget.predict_virtual_ep(100.0, NBS, VCAL, tokens=0.5) == pytest.approx(
+        50 + 300 * (tok + (1 - tok) / 2) + 100)
+    st_ = budget.STEPS_FIXED_SHARE
+    assert budget.predict_virtual_ep(100.0, NBS, VCAL, steps=0.5) == pytest.approx(50 + 300 + 100 * (st_ + (1 - st_) / 2))
+
+
+def test_a_fast_transport_runs_the_profiles_work_and_says_so():
+    s = budget.size_virtual_ep(50.0, 4, VLAYER, NBS, budget_s=600, calibration=VCAL)
+    assert s.overrides == {} and s.held and s.predicted_s == pytest.approx(250)
+    assert "4 ranks share this GPU over gloo" in s.words() and "it ran the profile's work." in s.words()
+    assert "took 50 ms (100 ms in the calibration run" in s.words()
+
+
+def test_a_slow_transport_cuts_06s_steps_first_then_the_tokens_as_far_as_needed():
+    # 450 s at the profile's work; 06's steps halved: 450 - 100 * (1 - 0.63) = 413 s
+    s = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=420, calibration=VCAL)
+    assert s.overrides == {"training.steps": 12} and s.held
+    assert "so it ran less work (training.steps 12): predicted 413 s." in s.words() and "--budget 0" in s.words()
+    # the control: a tighter budget takes the tokens too, the truncation cut and 09's lengths halved alongside
+    t = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=350, calibration=VCAL)
+    assert t.overrides == {"training.steps": 12, "seq_len": 512, "cut": 45, "seq_lens": [128, 512, 2048]} and t.held
+    u = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=100, calibration=VCAL)
+    assert u.overrides["seq_len"] == 256 and not u.held and "still over the budget." in u.words()
+
+
+def test_a_run_without_06_cuts_only_tokens_and_a_run_of_06_alone_only_its_steps():
+    s = budget.size_virtual_ep(100.0, 4, VLAYER, ["01", "05"], budget_s=300, calibration=VCAL)
+    assert "training.steps" not in s.overrides and s.overrides["seq_len"] == 512
+    t = budget.size_virtual_ep(100.0, 4, VLAYER, ["06"], budget_s=100, calibration=VCAL)
+    assert t.overrides == {"training.steps": 12}
+
+
+@pytest.mark.parametrize("bad", [0, -5.0, float("nan"), "100"])
+def test_a_measured_forward_that_is_not_a_positive_number_is_refused(bad):
+    with pytest.raises(ValueError, match="measured forward"):
+        budget.size_virtual_ep(bad, 4, VLAYER, NBS, budget_s=600, calibration=VCAL)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fwd=st.floats(1, 1e4), b=st.floats(1, 1e5))
+def test_virtual_ep_sizing_cuts_only_as_far_as_the_prediction_needs(fwd, b):
+    s = budget.size_virtual_ep(fwd, 4, VLAYER, NBS, budget_s=b, calibration=VCAL)
+    steps = 0.5 if "training.steps" in s.overrides else 1.0
+    tokens = s.overrides.get("seq_len", 1024) / 1024
+    assert s.predicted_s == pytest.approx(budget.predict_virtual_ep(fwd, NBS, VCAL, tokens=tokens, steps=steps))
+    assert s.held == (s.predicted_s <= b) and s.predicted_s <= s.predicted_full_s + 1e-9
+    if s.overrides:  # one cut fewer would not have held
+        fewer = (dict(tokens=1.0, steps=1.0) if tokens == 1.0 else dict(tokens=tokens * 2, steps=steps))
+        assert budget.predict_virtual_ep(fwd, NBS, VCAL, **fewer) > b
+    else:
+        assert s.held
+
+
+def test_the_virtual_ep_calibration_covers_every_notebook_and_its_shares_are_fractions():
+    from moe_lab.questions import QUESTIONS
+
+    missing = {q.number for q in QUESTIONS} - budget.VIRTUAL_EP_CALIBRATION["notebooks"].keys()
+    assert not missing, f"notebooks without a virtual-EP calibration: {sorted(missing)}"
+    assert set(budget.TOKENS_SCALED) | {"06"} == {q.number for q in QUESTIONS}
+    assert 0 < budget.TOKENS_FIXED_SHARE < 1 and 0 < budget.STEPS_FIXED_SHARE < 1
+
+
+def test_the_virtual_ep_calibration_is_the_published_runs_records():
+    """Its numbers are read off the published whole-profile run, not typed in: each notebook's cases' seconds and the
+    calibrated forward (09's allgather case at the profile's 1024 tokens, router dtype none)."""
+    import json
+    import lzma
+    from pathlib import Path
+
+    from moe_lab.reporting import timing
+
+    folder = Path(__file__).resolve().parents[2] / "reports/published/gpu-h200x1-2026-12-05-whole-profile"
+    rows, _ = timing.table(folder)  # what `moe-lab timing` of the folder says
+    per_nb = {row.notebook: row.cases_s for row in rows}
+    for nb, seconds in budget.VIRTUAL_EP_CALIBRATION["notebooks"].items():
+        assert per_nb[nb] == pytest.approx(seconds, abs=0.06), nb
+    records = json.loads(lzma.open(folder / "results.json.xz").read())
+    fwd = [r["t_forward_s"] for r in records if r["notebook"] == "09" and r["dispatcher"] == "allgather"
+           and r["router_dtype"] == "none" and r["config"]["seq_len"] == 1024]
+    assert len(fwd) == 1 and fwd[0] * 1e3 == pytest.approx(budget.VIRTUAL_EP_CALIBRATION["forward_ms"], abs=0.06)
+
+
+def test_a_gpu_profile_run_on_ranks_sharing_a_gpu_times_a_plain_forward_and_sizes_from_it(monkeypatch):
+    """The runner's side on a cluster whose 4 ranks share a GPU: every rank times a plain allgather forward of the
+    profile's layer, the slowest rank's time sizes the run. Controls: one rank per GPU, --budget 0 and an overridden
+    layer are not sized, and nothing is timed."""
+    from types import SimpleNamespace
+
+    from moe_lab import profiles
+    from moe_lab.controller import calls
+    from moe_lab.reporting import runner
+
+    asked = []
+
+    def fake_run(state, fn, cfg, layout, **kw):
+        asked.append((fn, cfg, layout))
+        return [0.100, 0.1596, 0.120, 0.110]
+
+    monkeypatch.setattr(calls, "run", fake_run)
+    config = profiles.load("gpu")
+    nbs = list(budget.VIRTUAL_EP_CALIBRATION["notebooks"])
+
+    def cluster(ranks_per_gpu):
+        return SimpleNamespace(state=SimpleNamespace(config=SimpleNamespace(ranks_per_gpu=ranks_per_gpu),
+                                                     engine_ids=[0, 1, 2, 3]))
+
+    s = runner._size_for_this_machine(cluster(4), config, "gpu", {}, nbs, None)
+    assert len(asked) == 1 and asked[0][0] is budget.measure_forward_on_engines
+    assert asked[0][1]["dispatcher"] == "allgather" and asked[0][1]["router_dtype"] == "none"
+    assert asked[0][1]["seq_len"] == config.layer.seq_len and asked[0][2]["ep"] == 4
+    assert s.forward_ms == pytest.approx(159.6) and s.budget_s == budget.GPU_BUDGET_S
+    assert s.predicted_full_s == pytest.approx(budget.predict_virtual_ep(159.6, nbs))
+    assert s.overrides and s.predicted_s <= s.predicted_full_s
+    sized = profiles.load("gpu", s.overrides)  # the cuts load as a profile: every question builds its cases
+    assert sized.layer.seq_len == s.overrides.get("seq_len", config.layer.seq_len)
+    asked.clear()
+    assert runner._size_for_this_machine(cluster(1), config, "gpu", {}, nbs, None) is None
+    assert runner._size_for_this_machine(cluster(4), config, "gpu", {}, nbs, 0) is None
+    assert runner._size_for_this_machine(cluster(4), config, "gpu", {"seq_len": 512}, nbs, None) is None
+    assert runner._size_for_this_machine(cluster(4), config, "gpu", {"training.steps": 50}, nbs, None) is None
+    assert runner._size_for_this_machine(None, config, "gpu", {}, nbs, None) is None
+    assert asked == []
+
+
+def test_every_questions_cases_build_at_the_least_work_the_virtual_ep_sizing_cuts_to():
+    from moe_lab import profiles
+    from moe_lab.questions import QUESTIONS
+
+    s = budget.size_virtual_ep(1e4, 4, VLAYER, list(budget.VIRTUAL_EP_CALIBRATION["notebooks"]), budget_s=1)
+    assert s.overrides["seq_len"] == 256 and s.overrides["training.steps"] == 12
+    config = profiles.load("gpu", {**s.overrides, "device": "cpu", "engines": 4})  # cases, not a GPU, are checked here
+    for q in QUESTIONS:
+        for m in q.run_modules():
+            cases = m.cases(config)
+            assert cases and all(c.cut < c.moe.seq_len for c in cases), (q.number, m.__name__)
