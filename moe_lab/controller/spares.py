@@ -112,12 +112,23 @@ def prestart_wanted(cfg: ClusterConfig) -> bool:
 
 def keep_wanted(cfg: ClusterConfig) -> bool:
     """Whether a run's own cluster is kept for the same process's next run (`engine_sets.keep`): local engines in a
-    notebook kernel (whose next cell may ask for the same engines) where launching early is wanted.
-    MOE_LAB_KEEP_ENGINES=1 / 0 forces it on / off."""
+    notebook kernel (whose next cell may ask for the same engines) where launching early is wanted, and not on a GPU
+    that a `moe-lab run`'s shared cluster uses too: there the other notebook's cases run beside the kept engines, which
+    hold GPU memory even with their layers dropped (each its CUDA context and what its allocator keeps), and the
+    gpu profile's seed layers fill an 80 GB GPU with four ranks (`shared_gpu_run`). MOE_LAB_KEEP_ENGINES=1 / 0 forces
+    it on / off."""
     forced = switches.forced("MOE_LAB_KEEP_ENGINES")
     if forced is not None:
         return forced and cfg.launcher == "local"
-    return in_notebook_kernel() and prestart_wanted(cfg)
+    return in_notebook_kernel() and prestart_wanted(cfg) and not shared_gpu_run(cfg)
+
+
+def shared_gpu_run(cfg: ClusterConfig) -> bool:
+    """Whether cfg's engines would use GPUs in a run whose notebooks share a cluster (`controller.shared`, named to the
+    kernels in its environment variable)."""
+    from .shared import ENV
+
+    return cfg.device == "cuda" and bool(os.environ.get(ENV))
 
 
 def in_notebook_kernel() -> bool:

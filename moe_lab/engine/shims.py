@@ -5,7 +5,9 @@ forward needs small, contained shims (../shared/notes/megatron-core-facts.md), a
 - `torch.cuda.Stream/Event/current_stream/stream/synchronize` → no-ops (the alltoall dispatcher's DtoH side stream);
 - split sizes that stay CPU tensors/arrays → lists for `all_to_all_single` (gloo rejects tensors; also on GPU
   engines that share a GPU over gloo: `apply_gloo_shims`), and uneven `all_gather`s padded and trimmed (gloo wants
-  equal sizes; megatron's alltoall dispatcher with TP > 1 and sequence parallelism gathers uneven ones);
+  equal sizes; megatron's alltoall dispatcher with TP > 1 and sequence parallelism gathers uneven ones), and large
+  `all_gather_into_tensor`s sent as one `all_to_all_single` (`_gather_as_all_to_all`: the same bytes in the same
+  places, faster through gloo);
 - 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None (also on GPUs
   without TE: `fix_missing_te`, applied by dist.setup on every device).
 `engine/dist.setup` applies them; `applied()` says which a process has.
@@ -95,6 +97,50 @@ def apply_gloo_shims() -> None:
     torch.distributed.all_to_all_single = all_to_all_single
     _APPLIED["all_to_all_single_lists"] = 1
     _uneven_all_gather()
+    _gather_as_all_to_all(all_to_all_single)
+
+
+GATHER_AS_ALL_TO_ALL_BYTES = 1 << 20
+"""A rank's part of an all-gather from which gloo sends it as one all-to-all (`_gather_as_all_to_all`). Measured on
+one H100 node (16 cores, 4 ranks sharing the GPU, docs/bench.md): 8 MiB a rank 39.8 ms as gloo's all-gather, 14.2 ms
+as the all-to-all; 2 MiB 4.6 and 3.2 ms; 64 KiB 0.7 and 0.9 ms (below this size gloo's own is kept)."""
+
+
+def _gather_as_all_to_all(all_to_all_single) -> None:
+    """gloo's all-gather passes each rank's part around a ring, one hop at a time; its all-to-all sends to every peer
+    at once. An all-gather into one tensor is the all-to-all in which every rank sends its whole input to each rank
+    (the input repeated world times): rank j's part lands at rows j of every output, as the all-gather puts it — a
+    copy, no arithmetic, the same bytes. Applied to megatron's gathers (its modules bind the function at import:
+    `dist_all_gather_func`), on gloo groups, synchronous calls, a rank's part of at least
+    GATHER_AS_ALL_TO_ALL_BYTES; everything else takes gloo's own all-gather. The all-to-all called is the one of this
+    module (not a wrapper installed later), so a ledger of collectives still sees one all-gather."""
+    orig = torch.distributed.all_gather_into_tensor
+    if getattr(orig, "_moe_lab_as_a2a", False):
+        return
+
+    @functools.wraps(orig)
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        nbytes = input_tensor.numel() * input_tensor.element_size()
+        if async_op or nbytes < GATHER_AS_ALL_TO_ALL_BYTES or torch.distributed.get_backend(group) != "gloo" \
+                or not output_tensor.is_contiguous():
+            return orig(output_tensor, input_tensor, group=group, async_op=async_op)
+        world = torch.distributed.get_world_size(group)
+        if output_tensor.numel() != world * input_tensor.numel():
+            return orig(output_tensor, input_tensor, group=group, async_op=async_op)  # gloo says what is wrong
+        sent = input_tensor.reshape(-1).repeat(world)
+        _APPLIED["all_gather_as_all_to_all"] += 1  # how many went this way: a test, or a question, can check
+        return all_to_all_single(output_tensor.view(-1), sent, group=group)
+
+    all_gather_into_tensor._moe_lab_as_a2a = True
+    torch.distributed.all_gather_into_tensor = all_gather_into_tensor
+    import sys
+
+    for name, mod in list(sys.modules.items()):  # megatron's modules that bound the original at import
+        if name.startswith("megatron.") and mod is not None:
+            for attr, val in list(vars(mod).items()):
+                if val is orig:
+                    setattr(mod, attr, all_gather_into_tensor)
+    _APPLIED.setdefault("all_gather_as_all_to_all", 0)
 
 
 def _uneven_all_gather() -> None:

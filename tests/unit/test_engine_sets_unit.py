@@ -228,3 +228,21 @@ def test_keeping_is_wanted_in_a_notebook_kernel_where_launching_early_is(monkeyp
     monkeypatch.setenv("MOE_LAB_KEEP_ENGINES", "2")
     with pytest.raises(ValueError, match="MOE_LAB_KEEP_ENGINES"):
         spares.keep_wanted(BASE)
+
+
+def test_gpu_engines_are_not_kept_beside_a_runs_shared_cluster(monkeypatch):
+    """In a `moe-lab run` whose notebooks share a cluster, another notebook's cases run on the same GPU beside a kept
+    cluster, which holds GPU memory with its layers dropped: GPU engines are not kept there. CPU engines there are, and
+    GPU engines in a kernel with no shared cluster (a notebook run by hand) are (the controls)."""
+    from moe_lab.controller import shared, spares
+
+    monkeypatch.delenv("MOE_LAB_KEEP_ENGINES", raising=False)
+    monkeypatch.setattr(spares, "prestart_wanted", lambda cfg: True)
+    monkeypatch.setattr(spares, "in_notebook_kernel", lambda: True)
+    gpu = ClusterConfig(device="cuda", engines=4, ranks_per_gpu=4)
+    monkeypatch.delenv(shared.ENV, raising=False)
+    assert spares.keep_wanted(gpu) and spares.keep_wanted(BASE)
+    monkeypatch.setenv(shared.ENV, "/tmp/run/.moe_lab-cluster.json")
+    assert not spares.keep_wanted(gpu) and spares.keep_wanted(BASE)
+    monkeypatch.setenv("MOE_LAB_KEEP_ENGINES", "1")  # asked for: kept anyway
+    assert spares.keep_wanted(gpu)
