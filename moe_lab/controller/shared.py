@@ -20,10 +20,9 @@ import os
 from pathlib import Path
 
 from ..config import ClusterConfig
+from .state import SHARED_CLUSTER_ENV as ENV
 
 logger = logging.getLogger(__name__)
-
-ENV = "MOE_LAB_SHARED_CLUSTER"
 ATTACH_TIMEOUT_S = 10.0
 
 

@@ -126,9 +126,9 @@ def keep_wanted(cfg: ClusterConfig) -> bool:
 def shared_gpu_run(cfg: ClusterConfig) -> bool:
     """Whether cfg's engines would use GPUs in a run whose notebooks share a cluster (`controller.shared`, named to the
     kernels in its environment variable)."""
-    from .shared import ENV
+    from .state import SHARED_CLUSTER_ENV
 
-    return cfg.device == "cuda" and bool(os.environ.get(ENV))
+    return cfg.device == "cuda" and bool(os.environ.get(SHARED_CLUSTER_ENV))
 
 
 def in_notebook_kernel() -> bool:

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from ..config import ClusterConfig
 
+SHARED_CLUSTER_ENV = "MOE_LAB_SHARED_CLUSTER"
+"""Names a `moe-lab run`'s shared cluster file to its notebook kernels (`controller.shared`); here, where the parts
+that only ask whether there is one (`spares`) read it without importing `shared`."""
+
 
 class ClusterState:
     """The state of one cluster (all of it public: the parts of the controller read and write it)."""

@@ -63,12 +63,17 @@ VIRTUAL_EP_CALIBRATION = {
     "start_s": 207.1,
     "notebooks": {"01": 43.6, "02": 9.0, "03": 70.0, "04": 97.9, "05": 188.1, "06": 187.4, "07": 103.4, "08": 35.7,
                   "09": 21.2},
+    "speed_fixed_share": 0.365,
 }
 """The calibration run on virtual EP. `forward_ms`: its plain forward of the profile's layer (notebook 09's allgather
 case at 1024 tokens, router dtype none: the median of its trials' forwards, slowest rank); `notebooks`: the sum of each
 notebook's cases' `case_wall_s` (`moe-lab timing` of the folder); `start_s`: the rest of the run — its 983 s over two
 device calls less the cases' 756.3 s and the second call's cluster start (19.6 s): cluster start, kernel starts,
-figures and pages not hidden behind the other notebook, and 99 s of engines idle between cases."""
+figures and pages not hidden behind the other notebook, and 99 s of engines idle between cases.
+`speed_fixed_share`: the part of a case's time that does not follow the measured forward's speed, fitted on the first
+sized run on another machine (reports/published/gpu-h100x1-2026-12-05-sized: one H100, a 94 ms forward, 12 steps and
+512 tokens): its seven finished notebooks' cases took 254.3 s where scaling whole cases by the forward's speed (0.589)
+predicted 202.7 s; the share that stays at the calibration's pace solves 0.739 = share + (1 - share) x 0.589."""
 
 TOKENS_FIXED_SHARE = 0.31
 """The part of a seed-layer case that does not shrink with the tokens per forward: notebook 09's cases of the
@@ -209,9 +214,10 @@ class VirtualEpSizing:
 def predict_virtual_ep(forward_ms: float, notebooks, calibration: dict = VIRTUAL_EP_CALIBRATION, *,
                        tokens: float = 1.0, steps: float = 1.0) -> float:
     """Seconds for a run of `notebooks` on virtual EP whose plain forward takes `forward_ms`, at `tokens` and `steps`
-    times the profile's: the calibration run's start, and each notebook's cases scaled by the forward's speed, their
-    part that shrinks with the work (1 - the fixed share) scaled by it."""
-    speed = forward_ms / calibration["forward_ms"]
+    times the profile's: the calibration run's start, and each notebook's cases scaled by the forward's speed (all but
+    their `speed_fixed_share`), their part that shrinks with the work (1 - the fixed share) scaled by it."""
+    fixed_speed = calibration.get("speed_fixed_share", 0.0)
+    speed = fixed_speed + (1 - fixed_speed) * forward_ms / calibration["forward_ms"]
     total = float(calibration.get("start_s", 0.0))
     for nb in notebooks:
         t = calibration["notebooks"].get(nb)

@@ -4,6 +4,7 @@ results.json. Each notebook's HTML, failure banner and what the index reads from
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import html
 import json
@@ -391,6 +392,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         if sizing is not None:
             meta["sizing"] = sizing.words()
             meta["sizing_for"] = "GPU" if config.cluster.device == "cuda" else "CPU"
+            meta["sizing_numbers"] = dataclasses.asdict(sizing)  # what a later calibration reads (reporting.budget)
             logger.info("sizing: %s", meta["sizing"])
             if sizing.overrides:
                 overrides = {**(overrides or {}), **sizing.overrides}

@@ -247,3 +247,27 @@ def test_every_questions_cases_build_at_the_least_work_the_virtual_ep_sizing_cut
         for m in q.run_modules():
             cases = m.cases(config)
             assert cases and all(c.cut < c.moe.seq_len for c in cases), (q.number, m.__name__)
+
+
+def test_the_speed_share_reproduces_the_sized_run_on_another_machine_from_its_records():
+    """`speed_fixed_share` was fitted on the first sized run (one H100): with it the prediction of that run's finished
+    notebooks' cases, at its measured forward and its cuts, is what its records say they took; scaling whole cases by
+    the forward's speed (the share at 0, the control) predicts a quarter less."""
+    import json
+    from pathlib import Path
+
+    from moe_lab.reporting import timing
+
+    folder = Path(__file__).resolve().parents[2] / "reports/published/gpu-h100x1-2026-12-05-sized"
+    measured = json.loads((folder / "measured.json").read_text())
+    rows, _ = timing.table(folder)
+    done = {row.notebook: row.cases_s for row in rows if row.cases_s}
+    assert sorted(done) == ["01", "02", "03", "04", "06", "07", "09"]
+    cuts = measured["sizing_numbers"]["overrides"]
+    tokens, steps = cuts["seq_len"] / 1024, cuts["training.steps"] / 25
+    cal = budget.VIRTUAL_EP_CALIBRATION
+    predicted = budget.predict_virtual_ep(measured["forward_ms"], list(done), tokens=tokens, steps=steps) - cal["start_s"]
+    assert predicted == pytest.approx(sum(done.values()), rel=0.01)
+    whole = budget.predict_virtual_ep(measured["forward_ms"], list(done), {**cal, "speed_fixed_share": 0.0},
+                                      tokens=tokens, steps=steps) - cal["start_s"]
+    assert whole < 0.85 * sum(done.values())
