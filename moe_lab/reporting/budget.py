@@ -100,36 +100,61 @@ GPU_BUDGET_S = 600.0
 
 
 @dataclass(frozen=True)
-class Sizing:
-    """What a run was sized to, and why: every number the report says."""
+class _Outcome:
+    """What every sizing says: its budget, its predictions and its cuts."""
 
-    gemm_ms: float
-    """The timed bf16 GEMM on this CPU (ms, median)."""
-    fp32_ms: float
-    """The same GEMM in fp32 (ms): how far bf16 is from the CPU's plain speed."""
     budget_s: float
     predicted_full_s: float
-    """The notebooks' predicted seconds at the profile's layer."""
+    """The notebooks' predicted seconds at the profile's work."""
     predicted_s: float
-    """...at the layer run (equal to predicted_full_s when nothing was cut)."""
+    """...at the work run (equal to predicted_full_s when nothing was cut)."""
     overrides: dict
-    """The profile keys changed (empty: the profile's layer)."""
+    """The profile keys changed (empty: the profile's work)."""
     held: bool
-    """Whether the prediction at the layer run is within the budget."""
+    """Whether the prediction at the work run is within the budget."""
+
+    def _words(self, measured: str, work: str, less: str, least: str, nothing_left: str) -> str:
+        full = f"{measured}; at the profile's {work} the run was predicted to take {self.predicted_full_s:.0f} s"
+        if not self.overrides:
+            return (f"{full} (budget {self.budget_s:.0f} s): it ran {'at ' if work == 'layer' else ''}the profile's "
+                    f"{work}" + ("." if self.held else f", over the budget ({nothing_left})."))
+        cut = ", ".join(f"{k} {v}" for k, v in self.overrides.items())
+        how = less if self.held else least
+        size = "on that layer" if work == "layer" else "at that size"
+        return (f"{full}, over its budget of {self.budget_s:.0f} s, so it ran {how} ({cut}): predicted "
+                f"{self.predicted_s:.0f} s{'' if self.held else ', still over the budget'}. Each question's effect "
+                f"is measured {size}; a run at the profile's {'layer' if work == 'layer' else 'size'}: --budget 0.")
+
+
+@dataclass(frozen=True)
+class Sizing(_Outcome):
+    """What a cpu-profile run was sized to, and why: every number the report says."""
+
+    gemm_ms: float = 0.0
+    """The timed bf16 GEMM on this CPU (ms, median)."""
+    fp32_ms: float = 0.0
+    """The same GEMM in fp32 (ms): how far bf16 is from the CPU's plain speed."""
 
     def words(self) -> str:
         speed = (f"this CPU's bf16 expert GEMM ({'x'.join(map(str, REFERENCE_SHAPE))}) took {self.gemm_ms:.2f} ms, "
                  f"{self.gemm_ms / self.fp32_ms:.1f}x its fp32 GEMM" if self.fp32_ms > 0 else
                  f"this CPU's bf16 expert GEMM took {self.gemm_ms:.2f} ms")
-        full = f"{speed}; at the profile's layer the run was predicted to take {self.predicted_full_s:.0f} s"
-        if not self.overrides:
-            return (f"{full} (budget {self.budget_s:.0f} s): it ran at the profile's layer"
-                    + ("." if self.held else ", over the budget (the layer is too small to cut)."))
-        cut = ", ".join(f"{k} {v}" for k, v in self.overrides.items())
-        how = "a smaller layer" if self.held else "the smallest layer the sizing cuts to"
-        return (f"{full}, over its budget of {self.budget_s:.0f} s, so it ran {how} ({cut}): predicted "
-                f"{self.predicted_s:.0f} s{'' if self.held else ', still over the budget'}. Each question's effect "
-                f"is measured on that layer; a run at the profile's layer: --budget 0.")
+        return self._words(speed, "layer", "a smaller layer", "the smallest layer the sizing cuts to",
+                           "the layer is too small to cut")
+
+
+def _halve(cur: dict, overrides: dict, key: str, factor: int) -> None:
+    """Cut `key` of `cur` by `factor`, into `overrides` too; the tokens per forward take the truncation cut and
+    notebook 09's lengths along."""
+    cur[key] = cur[key] // factor
+    overrides[key] = cur[key]
+    if key == "seq_len":
+        if "cut" in cur:
+            cur["cut"] = max(1, cur["cut"] // factor)
+            overrides["cut"] = cur["cut"]
+        if cur.get("seq_lens"):
+            cur["seq_lens"] = [max(2, n // factor) for n in cur["seq_lens"]]
+            overrides["seq_lens"] = cur["seq_lens"]
 
 
 def predict(gemm_ms: float, notebooks, calibration: dict = CALIBRATION, work: float = 1.0) -> float:
@@ -166,15 +191,7 @@ def size(gemm_ms: float, fp32_ms: float, layer: dict, notebooks, *, budget_s: fl
             break
         if cur.get(key, 0) // factor < 2 * factor:  # the layer would be too small to split: stop cutting
             break
-        cur[key] = cur[key] // factor
-        overrides[key] = cur[key]
-        if key == "seq_len":
-            if "cut" in cur:
-                cur["cut"] = max(1, cur["cut"] // factor)
-                overrides["cut"] = cur["cut"]
-            if cur.get("seq_lens"):
-                cur["seq_lens"] = [max(2, n // factor) for n in cur["seq_lens"]]
-                overrides["seq_lens"] = cur["seq_lens"]
+        _halve(cur, overrides, key, factor)
         work /= factor
         predicted = predict(gemm_ms, notebooks, calibration, work)
     return Sizing(gemm_ms=gemm_ms, fp32_ms=fp32_ms, budget_s=float(budget_s), predicted_full_s=full,
@@ -182,33 +199,20 @@ def size(gemm_ms: float, fp32_ms: float, layer: dict, notebooks, *, budget_s: fl
 
 
 @dataclass(frozen=True)
-class VirtualEpSizing:
+class VirtualEpSizing(_Outcome):
     """A gpu-profile run on one GPU shared by its ranks: what it was sized to, and why."""
 
-    forward_ms: float
+    forward_ms: float = 0.0
     """A plain forward of the profile's layer on this cluster (ms: median of 5 after a warm-up, slowest rank)."""
-    reference_ms: float
+    reference_ms: float = 0.0
     """The same forward in the calibration run."""
-    ranks: int
-    budget_s: float
-    predicted_full_s: float
-    predicted_s: float
-    overrides: dict
-    held: bool
+    ranks: int = 0
 
     def words(self) -> str:
         speed = (f"{self.ranks} ranks share this GPU over gloo, so the transport between them sets the pace: a plain "
                  f"forward of the profile's layer took {self.forward_ms:.0f} ms ({self.reference_ms:.0f} ms in the "
-                 f"calibration run on one H200); at the profile's work the run was predicted to take "
-                 f"{self.predicted_full_s:.0f} s")
-        if not self.overrides:
-            return (f"{speed} (budget {self.budget_s:.0f} s): it ran the profile's work"
-                    + ("." if self.held else ", over the budget (nothing left to cut)."))
-        cut = ", ".join(f"{k} {v}" for k, v in self.overrides.items())
-        how = "less work" if self.held else "the least work the sizing cuts to"
-        return (f"{speed}, over its budget of {self.budget_s:.0f} s, so it ran {how} ({cut}): predicted "
-                f"{self.predicted_s:.0f} s{'' if self.held else ', still over the budget'}. Each question's effect "
-                f"is measured at that size; a run at the profile's size: --budget 0.")
+                 f"calibration run on one H200)")
+        return self._words(speed, "work", "less work", "the least work the sizing cuts to", "nothing left to cut")
 
 
 def predict_virtual_ep(forward_ms: float, notebooks, calibration: dict = VIRTUAL_EP_CALIBRATION, *,
@@ -252,21 +256,12 @@ def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, bu
         if key == "training.steps":
             if "06" not in wanted or cur.get(key, 0) // factor < 2:
                 continue
-            cur[key] = cur[key] // factor
-            overrides[key] = cur[key]
             steps /= factor
         else:
-            if not wanted & set(TOKENS_SCALED) or cur.get("seq_len", 0) // factor < 2 * factor:
+            if not wanted & set(TOKENS_SCALED) or cur.get(key, 0) // factor < 2 * factor:
                 continue
-            cur["seq_len"] //= factor
-            overrides["seq_len"] = cur["seq_len"]
-            if "cut" in cur:
-                cur["cut"] = max(1, cur["cut"] // factor)
-                overrides["cut"] = cur["cut"]
-            if cur.get("seq_lens"):
-                cur["seq_lens"] = [max(2, n // factor) for n in cur["seq_lens"]]
-                overrides["seq_lens"] = cur["seq_lens"]
             tokens /= factor
+        _halve(cur, overrides, key, factor)
         predicted = predict_virtual_ep(forward_ms, notebooks, calibration, tokens=tokens, steps=steps)
     return VirtualEpSizing(forward_ms=float(forward_ms), reference_ms=float(calibration["forward_ms"]), ranks=ranks,
                            budget_s=float(budget_s), predicted_full_s=full, predicted_s=predicted,
