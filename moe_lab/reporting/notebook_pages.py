@@ -179,14 +179,19 @@ def scrub_paths(text: str, out_dir: Path) -> str:
     return text
 
 
-def mark_failure(nb_path: Path, message: str) -> bool:
+def mark_failure(nb_path: Path, message: str, *, replace: bool = False) -> bool:
     """Make a failure visible in the executed notebook: a banner on top saying why it stopped and, where the failure
-    left no error output (dead kernel, timeout, SIGTERM), one on the cell that was running. False if already done."""
+    left no error output (dead kernel, timeout, SIGTERM), one on the cell that was running. False if already done,
+    unless `replace`: then the banner says `message` instead (a run interrupted while the notebook was failing of it —
+    its engines stopped under it — names the interrupt, as its index row does)."""
     import nbformat
 
     nb = nbformat.read(nb_path, as_version=4)
-    if any("moe_lab-failure" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
-        return False
+    marked = ["moe_lab-failure" in c.get("metadata", {}).get("tags", []) for c in nb.cells]
+    if any(marked):
+        if not replace:
+            return False
+        nb.cells = [c for c, m in zip(nb.cells, marked) if not m]
     started = [c for c in nb.cells
                if c.cell_type == "code" and c.get("metadata", {}).get("papermill", {}).get("start_time")]
     ename, _, evalue = message.partition(": ")

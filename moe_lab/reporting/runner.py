@@ -122,7 +122,7 @@ def _finish_row(row: dict, dst: Path) -> dict:
         return row
     if row["status"] != "ok":
         try:
-            mark_failure(dst, row["error"] or row["status"])
+            mark_failure(dst, row["error"] or row["status"], replace=row["status"] == "interrupted")
         except Exception as e:  # noqa: BLE001 - keep the run's other results
             _raise_if_write_failed(e, dst.parent)
             logger.error("marking the failure in %s failed: %s", dst.name, e)

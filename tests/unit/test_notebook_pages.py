@@ -59,3 +59,23 @@ def test_short_outputs_stay_open_and_a_page_without_records_has_no_answer(tmp_pa
     body = page.split("<body", 1)[1]
     a_figure = body.index("a figure")
     assert "<details" not in body[body.rindex("<div", 0, a_figure) - 400:a_figure]
+
+
+def test_an_interrupt_replaces_the_banner_of_the_failure_it_caused(tmp_path):
+    """A run stopped by SIGTERM stops the engines under a notebook, whose own failure (a cluster fault) can be marked
+    first: the interrupt's mark then says SIGTERM, once, as the index row does; the cell's error output stays. The
+    control: an ordinary second mark keeps the first."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("run()", metadata={"papermill": {"start_time": "t"}}, execution_count=1,
+                                          outputs=[nbformat.v4.new_output("error", ename="ClusterError",
+                                                                          evalue="engines stopped", traceback=[])])]
+    path = tmp_path / "01_t.ipynb"
+    nbformat.write(nb, path)
+    assert notebook_pages.mark_failure(path, "ClusterError: engines stopped")
+    assert not notebook_pages.mark_failure(path, "KeyboardInterrupt: interrupted (SIGTERM)")  # the control
+    assert "SIGTERM" not in path.read_text()
+    assert notebook_pages.mark_failure(path, "KeyboardInterrupt: interrupted (SIGTERM)", replace=True)
+    cells = nbformat.read(path, as_version=4).cells
+    banners = [c for c in cells if "moe_lab-failure" in c.metadata.get("tags", [])]
+    assert len(banners) == 1 and "interrupted (SIGTERM)" in banners[0].source and "engines stopped" not in banners[0].source
+    assert cells[-1].outputs[0]["ename"] == "ClusterError"
