@@ -13,9 +13,9 @@ On one GPU shared by the ranks (virtual EP over gloo) the transport decides how 
 collective goes device → host → loopback TCP → host → device, most of a forward (docs/bench.md). So a gpu-profile run
 there first times a plain forward of the profile's layer on the shared cluster (`measure_forward_on_engines`), scales
 each notebook's cases from `VIRTUAL_EP_CALIBRATION` (one H200's whole-profile run) by it, and, where the prediction is
-over `GPU_BUDGET_S`, cuts in the order `VIRTUAL_EP_STEPS`: notebook 06's training steps, then the tokens per forward of
-every other notebook. Each cut's saving comes from the calibration run's own records (`TOKENS_FIXED_SHARE`,
-`STEPS_FIXED_SHARE`): the part of a case that does not shrink with the work.
+over `GPU_BUDGET_S`, cuts what `VIRTUAL_EP_STEPS` allows: notebook 06's training steps (not the tokens per forward,
+which changed an answer). A cut's saving comes from the calibration run's own records (`STEPS_FIXED_SHARE`,
+`TOKENS_FIXED_SHARE`): the part of a case that does not shrink with the work.
 
 Torch-free: the measurements run on engines (`engine.kernels.gemm_ms`, `engine.toolkit.time_forward`), this module
 only does the arithmetic.
@@ -86,11 +86,13 @@ STEPS_FIXED_SHARE = 0.26
 (0.26) does not scale with the layers' work; the per-step work it holds scales with the steps too, so this overstates
 what a halving keeps, and the prediction errs long."""
 
-VIRTUAL_EP_STEPS = (("training.steps", 2), ("seq_len", 2), ("seq_len", 2))
-"""The cuts on virtual EP, in order: notebook 06's steps halved (its runs part after step 1 in every published
-report), then the tokens per forward of every other notebook halved, twice at most (the truncation cut and notebook
-09's lengths follow, as on a CPU): at 256 tokens the calibration run's notebook 09 still shows the ranks differing,
-run-to-run nondeterminism and the truncation test failing."""
+VIRTUAL_EP_STEPS = (("training.steps", 2),)
+"""The cuts on virtual EP: notebook 06's steps halved (its runs part after step 1 in every published report, at 12
+steps as at 25). The tokens per forward are not cut, though they set most of a case's transport: on one H100 the
+allgather dispatcher's answer at 512 tokens (run-to-run nondeterminism besides the EP order, the first divergent stage
+inside one rank, combine.pre; reports/published/gpu-h100x1-2026-12-05-sized) is not the one at the profile's 1024 on
+the same kind of GPU (the EP order alone, first at the bf16 reduce-scatter; reports/published/gpu-h100x1-2026-12-05):
+a smaller case that does not show the same effect. `TOKENS_FIXED_SHARE` stays for the prediction of that run."""
 
 TOKENS_SCALED = ("01", "02", "03", "04", "05", "07", "08", "09")
 """The notebooks whose cases run the profile's layer at its tokens per forward (06 runs its training preset)."""
@@ -240,29 +242,20 @@ def predict_virtual_ep(forward_ms: float, notebooks, calibration: dict = VIRTUAL
 def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, budget_s: float = GPU_BUDGET_S,
                     calibration: dict = VIRTUAL_EP_CALIBRATION) -> VirtualEpSizing:
     """The first prefix of `VIRTUAL_EP_STEPS` whose prediction holds `budget_s` (all of them where none does).
-    `layer`: the profile's seq_len, cut, seq_lens and training.steps."""
+    `layer`: the profile's training.steps."""
     if not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise ValueError(f"budget ({budget_s!r}) must be a positive number of seconds (0 turns sizing off)")
     if not (isinstance(forward_ms, (int, float)) and forward_ms > 0):
         raise ValueError(f"the measured forward ({forward_ms!r} ms) must be a positive number")
     full = predict_virtual_ep(forward_ms, notebooks, calibration)
     cur, overrides = dict(layer), {}
-    tokens = steps = 1.0
-    predicted = full
-    wanted = set(notebooks)
-    for key, factor in VIRTUAL_EP_STEPS:
-        if predicted <= budget_s:
+    steps, predicted = 1.0, full
+    for key, factor in VIRTUAL_EP_STEPS:  # 06's steps: the only work cut here
+        if predicted <= budget_s or "06" not in notebooks or cur.get(key, 0) // factor < 2:
             break
-        if key == "training.steps":
-            if "06" not in wanted or cur.get(key, 0) // factor < 2:
-                continue
-            steps /= factor
-        else:
-            if not wanted & set(TOKENS_SCALED) or cur.get(key, 0) // factor < 2 * factor:
-                continue
-            tokens /= factor
+        steps /= factor
         _halve(cur, overrides, key, factor)
-        predicted = predict_virtual_ep(forward_ms, notebooks, calibration, tokens=tokens, steps=steps)
+        predicted = predict_virtual_ep(forward_ms, notebooks, calibration, steps=steps)
     return VirtualEpSizing(forward_ms=float(forward_ms), reference_ms=float(calibration["forward_ms"]), ranks=ranks,
                            budget_s=float(budget_s), predicted_full_s=full, predicted_s=predicted,
                            overrides=overrides, held=predicted <= budget_s)

@@ -114,12 +114,76 @@ def _cases_run(out_dir: Path, num: str) -> dict:
     return {k: d[k] for k in ("measured", "reused") if isinstance(d.get(k), int)}
 
 
+QUIET_FILE_S = 0.3
+QUIET_FILE_MAX_S = 1.5
+
+
+def _unwritten_for(path: Path, quiet_s: float = QUIET_FILE_S, most_s: float = QUIET_FILE_MAX_S) -> None:
+    """Wait until `path` has not changed for `quiet_s` (at most `most_s`). After its kernel died papermill's client can
+    still save the executed notebook from the thread its event loop runs in, after `run_one` has returned: a failure
+    marked before that save is lost with it, and the page shows the notebook without the reason it stopped."""
+    until = time.monotonic() + most_s
+    last = None
+    while time.monotonic() < until:
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        now = (st.st_mtime_ns, st.st_size)
+        if now == last:
+            return
+        last = now
+        time.sleep(quiet_s)
+
+
 def _finish_row(row: dict, dst: Path) -> dict:
-    """Title, verdict, error and HTML of an executed (or partly executed) notebook into its index row."""
+    """Title, verdict, error and HTML of an executed (or partly executed) notebook into its index row. An interrupted
+    notebook's file can still be saved once more by papermill after its kernel died (`_unwritten_for`): its failure is
+    marked and its pages rendered again where that save took the mark away (twice at most)."""
+    for _ in range(2 if row["status"] == "interrupted" else 1):
+        if not dst.exists():
+            return row
+        if row["status"] == "interrupted":
+            _unwritten_for(dst)
+        _mark_and_render(row, dst)
+        if row["status"] != "interrupted" or _marked(dst):
+            break
+    return row
+
+
+def _marked(dst: Path) -> bool:
+    """Whether the executed notebook holds its failure banner (`mark_failure`) after a last quiet spell."""
     import nbformat
 
-    if not dst.exists():
-        return row
+    _unwritten_for(dst)
+    try:
+        nb = nbformat.read(dst, as_version=4)
+    except Exception:  # noqa: BLE001 - unreadable now: mark it again
+        return False
+    return any("moe_lab-failure" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
+
+
+def _mark_and_render(row: dict, dst: Path) -> None:
+    import nbformat
+
+    if row["status"] != "ok":
+        try:
+            mark_failure(dst, row["error"] or row["status"], replace=row["status"] == "interrupted")
+        except Exception as e:  # noqa: BLE001 - keep the run's other results
+            _raise_if_write_failed(e, dst.parent)
+            logger.error("marking the failure in %s failed: %s", dst.name, e)
+    nb = nbformat.read(dst, as_version=4)
+    row["title"], row["verdict"] = title_of(nb), verdict_of(nb)
+    row["error"] = row["error"] or (error_of(nb) if row["status"] != "ok" else "")
+    try:
+        row["html"] = render_html(dst).name
+        row["shared_html"] = render_html(dst, exclude_input=True).name
+    except Exception as e:  # noqa: BLE001 - report it in the index rather than lose the run
+        _raise_if_write_failed(e, dst.parent)
+        row["error"] += f" (HTML rendering failed: {e})"
+        logger.error("rendering %s failed: %s", dst.name, e)
+    if row["status"] == "interrupted":
+        _unwritten_for(dst)
     if row["status"] != "ok":
         try:
             mark_failure(dst, row["error"] or row["status"], replace=row["status"] == "interrupted")
@@ -502,7 +566,7 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
                              config.layout.on(world).asdict(), what="timing a plain forward of the profile's layer",
                              timeout=300)
         return budget_mod.size_virtual_ep(max(per_rank) * 1e3, cluster.state.config.ranks_per_gpu,
-                                          {**layer, "training.steps": config.params(TrainParams).steps}, notebooks,
+                                          {"training.steps": config.params(TrainParams).steps}, notebooks,
                                           budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
     took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
     return budget_mod.size(took["bf16_ms"], took["fp32_ms"], {**layer, "ffn_hidden": config.layer.ffn_hidden},

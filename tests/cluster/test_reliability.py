@@ -282,7 +282,9 @@ def test_sigterm_to_moe_lab_run_stops_kernel_and_engines(tmp_path):
     _assert_nothing_left(info["profile_dir"], info["pids"] + [p.pid for p in tree], within_s=5)
     rows = {r["notebook"]: r for r in json.loads((out / "index.json").read_text())["notebooks"]}
     assert rows["01"]["status"] == "interrupted" and "SIGTERM" in rows["01"]["error"]
-    assert "SIGTERM" in (out / rows["01"]["html"]).read_text()
+    banners = [c["source"] for c in json.loads((out / "01_t.ipynb").read_text())["cells"]
+               if "moe_lab-failure" in c.get("metadata", {}).get("tags", [])]
+    assert "SIGTERM" in (out / rows["01"]["html"]).read_text(), (banners, err[-3000:])  # what marked it, and the log
     assert rows["02"]["status"] == "interrupted" and rows["03"]["status"] == "not run"
 
 

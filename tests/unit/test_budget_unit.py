@@ -103,7 +103,7 @@ def test_every_questions_cases_build_at_the_smallest_layer_the_sizing_cuts_to():
 
 # ------------------------------------------------------------------ the gpu profile on ranks sharing one GPU
 VCAL = {"machine": "test", "forward_ms": 100.0, "start_s": 50.0, "notebooks": {"01": 100.0, "05": 200.0, "06": 100.0}}
-VLAYER = {"seq_len": 1024, "cut": 90, "seq_lens": [256, 1024, 4096], "training.steps": 25}
+VLAYER = {"training.steps": 25}
 NBS = ["01", "05", "06"]
 
 
@@ -125,21 +125,21 @@ def test_a_fast_transport_runs_the_profiles_work_and_says_so():
     assert "took 50 ms (100 ms in the calibration run" in s.words()
 
 
-def test_a_slow_transport_cuts_06s_steps_first_then_the_tokens_as_far_as_needed():
+def test_a_slow_transport_cuts_06s_steps_and_never_the_tokens():
     # 450 s at the profile's work; 06's steps halved: 450 - 100 * (1 - 0.63) = 413 s
     s = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=420, calibration=VCAL)
     assert s.overrides == {"training.steps": 12} and s.held
     assert "so it ran less work (training.steps 12): predicted 413 s." in s.words() and "--budget 0" in s.words()
-    # the control: a tighter budget takes the tokens too, the truncation cut and 09's lengths halved alongside
-    t = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=350, calibration=VCAL)
-    assert t.overrides == {"training.steps": 12, "seq_len": 512, "cut": 45, "seq_lens": [128, 512, 2048]} and t.held
-    u = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=100, calibration=VCAL)
-    assert u.overrides["seq_len"] == 256 and not u.held and "still over the budget." in u.words()
+    # a tighter budget: the steps are all it cuts (the tokens changed an answer), and it says it is still over
+    t = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=100, calibration=VCAL)
+    assert t.overrides == {"training.steps": 12} and not t.held and "still over the budget." in t.words()
+    assert budget.VIRTUAL_EP_STEPS == (("training.steps", 2),)
 
 
-def test_a_run_without_06_cuts_only_tokens_and_a_run_of_06_alone_only_its_steps():
+def test_a_run_without_06_has_nothing_to_cut_and_says_so():
     s = budget.size_virtual_ep(100.0, 4, VLAYER, ["01", "05"], budget_s=300, calibration=VCAL)
-    assert "training.steps" not in s.overrides and s.overrides["seq_len"] == 512
+    assert s.overrides == {} and not s.held
+    assert s.words().endswith("it ran the profile's work, over the budget (nothing left to cut).")
     t = budget.size_virtual_ep(100.0, 4, VLAYER, ["06"], budget_s=100, calibration=VCAL)
     assert t.overrides == {"training.steps": 12}
 
@@ -154,13 +154,12 @@ def test_a_measured_forward_that_is_not_a_positive_number_is_refused(bad):
 @given(fwd=st.floats(1, 1e4), b=st.floats(1, 1e5))
 def test_virtual_ep_sizing_cuts_only_as_far_as_the_prediction_needs(fwd, b):
     s = budget.size_virtual_ep(fwd, 4, VLAYER, NBS, budget_s=b, calibration=VCAL)
-    steps = 0.5 if "training.steps" in s.overrides else 1.0
-    tokens = s.overrides.get("seq_len", 1024) / 1024
-    assert s.predicted_s == pytest.approx(budget.predict_virtual_ep(fwd, NBS, VCAL, tokens=tokens, steps=steps))
+    steps = 0.5 if s.overrides else 1.0
+    assert set(s.overrides) <= {"training.steps"}
+    assert s.predicted_s == pytest.approx(budget.predict_virtual_ep(fwd, NBS, VCAL, steps=steps))
     assert s.held == (s.predicted_s <= b) and s.predicted_s <= s.predicted_full_s + 1e-9
-    if s.overrides:  # one cut fewer would not have held
-        fewer = (dict(tokens=1.0, steps=1.0) if tokens == 1.0 else dict(tokens=tokens * 2, steps=steps))
-        assert budget.predict_virtual_ep(fwd, NBS, VCAL, **fewer) > b
+    if s.overrides:  # without the cut it would not have held
+        assert s.predicted_full_s > b
     else:
         assert s.held
 
@@ -202,6 +201,7 @@ def test_a_gpu_profile_run_on_ranks_sharing_a_gpu_times_a_plain_forward_and_size
 
     from moe_lab import profiles
     from moe_lab.controller import calls
+    from moe_lab.questions.training.params import TrainParams
     from moe_lab.reporting import runner
 
     asked = []
@@ -224,9 +224,10 @@ def test_a_gpu_profile_run_on_ranks_sharing_a_gpu_times_a_plain_forward_and_size
     assert asked[0][1]["seq_len"] == config.layer.seq_len and asked[0][2]["ep"] == 4
     assert s.forward_ms == pytest.approx(159.6) and s.budget_s == budget.GPU_BUDGET_S
     assert s.predicted_full_s == pytest.approx(budget.predict_virtual_ep(159.6, nbs))
-    assert s.overrides and s.predicted_s <= s.predicted_full_s
-    sized = profiles.load("gpu", s.overrides)  # the cuts load as a profile: every question builds its cases
-    assert sized.layer.seq_len == s.overrides.get("seq_len", config.layer.seq_len)
+    assert s.overrides == {"training.steps": config.params(TrainParams).steps // 2}
+    assert s.predicted_s <= s.predicted_full_s
+    sized = profiles.load("gpu", s.overrides)  # the cut loads as a profile; the layer keeps its tokens
+    assert sized.params(TrainParams).steps == s.overrides["training.steps"] and sized.layer == config.layer
     asked.clear()
     assert runner._size_for_this_machine(cluster(1), config, "gpu", {}, nbs, None) is None
     assert runner._size_for_this_machine(cluster(4), config, "gpu", {}, nbs, 0) is None
@@ -240,13 +241,13 @@ def test_every_questions_cases_build_at_the_least_work_the_virtual_ep_sizing_cut
     from moe_lab import profiles
     from moe_lab.questions import QUESTIONS
 
-    s = budget.size_virtual_ep(1e4, 4, VLAYER, list(budget.VIRTUAL_EP_CALIBRATION["notebooks"]), budget_s=1)
-    assert s.overrides["seq_len"] == 256 and s.overrides["training.steps"] == 12
+    s = budget.size_virtual_ep(1e4, 4, {"training.steps": 25}, list(budget.VIRTUAL_EP_CALIBRATION["notebooks"]),
+                               budget_s=1)
+    assert s.overrides == {"training.steps": 12}
     config = profiles.load("gpu", {**s.overrides, "device": "cpu", "engines": 4})  # cases, not a GPU, are checked here
     for q in QUESTIONS:
         for m in q.run_modules():
-            cases = m.cases(config)
-            assert cases and all(c.cut < c.moe.seq_len for c in cases), (q.number, m.__name__)
+            assert m.cases(config), (q.number, m.__name__)
 
 
 def test_the_speed_share_reproduces_the_sized_run_on_another_machine_from_its_records():
