@@ -182,25 +182,6 @@ def _mark_and_render(row: dict, dst: Path) -> None:
         _raise_if_write_failed(e, dst.parent)
         row["error"] += f" (HTML rendering failed: {e})"
         logger.error("rendering %s failed: %s", dst.name, e)
-    if row["status"] == "interrupted":
-        _unwritten_for(dst)
-    if row["status"] != "ok":
-        try:
-            mark_failure(dst, row["error"] or row["status"], replace=row["status"] == "interrupted")
-        except Exception as e:  # noqa: BLE001 - keep the run's other results
-            _raise_if_write_failed(e, dst.parent)
-            logger.error("marking the failure in %s failed: %s", dst.name, e)
-    nb = nbformat.read(dst, as_version=4)
-    row["title"], row["verdict"] = title_of(nb), verdict_of(nb)
-    row["error"] = row["error"] or (error_of(nb) if row["status"] != "ok" else "")
-    try:
-        row["html"] = render_html(dst).name
-        row["shared_html"] = render_html(dst, exclude_input=True).name
-    except Exception as e:  # noqa: BLE001 - report it in the index rather than lose the run
-        _raise_if_write_failed(e, dst.parent)
-        row["error"] += f" (HTML rendering failed: {e})"
-        logger.error("rendering %s failed: %s", dst.name, e)
-    return row
 
 
 def _raise_if_write_failed(e: BaseException, out_dir: Path) -> None:
