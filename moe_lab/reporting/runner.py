@@ -533,10 +533,7 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
                     ", ".join(touched))
         return None
     from ..controller import calls
-    from ..questions.seq_len.params import SeqLenParams
 
-    layer = {"seq_len": config.layer.seq_len, "cut": config.run.cut,
-             "seq_lens": list(config.params(SeqLenParams).seq_lens)}
     if virtual_ep:
         from ..questions.training.params import TrainParams
 
@@ -549,9 +546,13 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
         return budget_mod.size_virtual_ep(max(per_rank) * 1e3, cluster.state.config.ranks_per_gpu,
                                           {"training.steps": config.params(TrainParams).steps}, notebooks,
                                           budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
+    from ..questions.seq_len.params import SeqLenParams
+
     took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
-    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], {**layer, "ffn_hidden": config.layer.ffn_hidden},
-                           notebooks, budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
+    layer = {"ffn_hidden": config.layer.ffn_hidden, "seq_len": config.layer.seq_len, "cut": config.run.cut,
+             "seq_lens": list(config.params(SeqLenParams).seq_lens)}
+    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks,
+                           budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
 
 
 SHARED_FILE = ".moe_lab-cluster.json"
