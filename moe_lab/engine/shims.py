@@ -7,7 +7,8 @@ forward needs small, contained shims (../shared/notes/megatron-core-facts.md), a
   engines that share a GPU over gloo: `apply_gloo_shims`), and uneven `all_gather`s padded and trimmed (gloo wants
   equal sizes; megatron's alltoall dispatcher with TP > 1 and sequence parallelism gathers uneven ones), and large
   `all_gather_into_tensor`s sent as one `all_to_all_single` (`_gather_as_all_to_all`: the same bytes in the same
-  places, faster through gloo);
+  places, faster through gloo), and large `reduce_scatter_tensor`s as one all-to-all and a local sum in gloo's own
+  order (`_reduce_scatter_as_all_to_all`: used for a shape only where it gave gloo's bits on that shape's first call);
 - 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None (also on GPUs
   without TE: `fix_missing_te`, applied by dist.setup on every device).
 `engine/dist.setup` applies them; `applied()` says which a process has.
@@ -98,6 +99,7 @@ def apply_gloo_shims() -> None:
     _APPLIED["all_to_all_single_lists"] = 1
     _uneven_all_gather()
     _gather_as_all_to_all(all_to_all_single)
+    _reduce_scatter_as_all_to_all(all_to_all_single)
 
 
 GATHER_AS_ALL_TO_ALL_BYTES = 1 << 20
@@ -141,6 +143,82 @@ def _gather_as_all_to_all(all_to_all_single) -> None:
                 if val is orig:
                     setattr(mod, attr, all_gather_into_tensor)
     _APPLIED.setdefault("all_gather_as_all_to_all", 0)
+
+
+def _in_gloos_order(rank: int, world: int) -> list[int]:
+    """The order in which gloo's reduce-scatter adds the ranks' parts of rank `rank`'s output, one rounding a step:
+    rank - 1, rank - 2, ... (mod world), its own last — its ring passing the partial sum backwards. Read off gloo
+    (torch 2.13 on CPU, worlds 2, 3, 4 and 8, bf16, fp16, fp32: bitwise where the output's length splits evenly;
+    not at every odd length, where gloo's own chunks cut across the outputs), which is why every shape is checked
+    on its first call (`_reduce_scatter_as_all_to_all`)."""
+    return [(rank - k) % world for k in range(1, world)] + [rank]
+
+
+def _reduce_scatter_as_all_to_all(all_to_all_single) -> None:
+    """gloo's reduce-scatter is an all-reduce of the whole input around a ring (on one H100 node, 4 ranks: 33-42 ms
+    to 8 MiB a rank, docs/bench.md), of which each rank keeps its part. The same sums from one all-to-all (rank j's
+    part of every input to rank j) and a local sum of the world parts in gloo's order (`_in_gloos_order`, one
+    rounding a step as gloo's). Where that is bitwise gloo's own result is not assumed: the first call of each shape
+    runs both, every rank says whether its part agreed (a MIN all-reduce), and the shape keeps the all-to-all only
+    where all agreed (`_APPLIED["reduce_scatter_checked"]` / `["reduce_scatter_kept_gloo"]` count the verdicts); that
+    first call returns gloo's own result. Applied as `_gather_as_all_to_all` is: megatron's bound
+    `dist_reduce_scatter_func` too, gloo groups, synchronous SUM calls, a rank's part of at least
+    GATHER_AS_ALL_TO_ALL_BYTES; the collectives it calls are this module's, so a ledger still sees one
+    reduce-scatter."""
+    orig = torch.distributed.reduce_scatter_tensor
+    if getattr(orig, "_moe_lab_as_a2a", False):
+        return
+    all_reduce = torch.distributed.all_reduce
+    sum_op = torch.distributed.ReduceOp.SUM
+    verdicts: dict[tuple, bool] = {}
+
+    def through_all_to_all(output, input, group):
+        rank, world = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+        parts = torch.empty_like(input).view(world, -1)
+        all_to_all_single(parts.view(-1), input.reshape(-1), group=group)
+        order = _in_gloos_order(rank, world)
+        acc = parts[order[0]] + parts[order[1]]
+        for j in order[2:]:
+            acc.add_(parts[j])
+        output.view(-1).copy_(acc)
+
+    @functools.wraps(orig)
+    def reduce_scatter_tensor(output, input, op=sum_op, group=None, async_op=False):
+        nbytes = output.numel() * output.element_size()
+        if async_op or op != sum_op or nbytes < GATHER_AS_ALL_TO_ALL_BYTES \
+                or torch.distributed.get_backend(group) != "gloo" or not output.is_contiguous():
+            return orig(output, input, op=op, group=group, async_op=async_op)
+        world = torch.distributed.get_world_size(group)
+        if world < 2 or input.numel() != world * output.numel():
+            return orig(output, input, op=op, group=group, async_op=async_op)  # gloo says what is wrong
+        key = (world, output.numel(), output.dtype, output.device.type)
+        if key not in verdicts:
+            through_all_to_all(output, input, group)
+            mine = output.clone()
+            work = orig(output, input.contiguous().clone(), op=op, group=group)
+            agreed = torch.tensor([int(torch.equal(mine, output))], dtype=torch.int32)
+            all_reduce(agreed, op=torch.distributed.ReduceOp.MIN, group=group)
+            verdicts[key] = bool(agreed.item())
+            _APPLIED["reduce_scatter_checked"] += 1
+            _APPLIED["reduce_scatter_kept_gloo"] += int(not verdicts[key])
+            return work
+        if not verdicts[key]:
+            return orig(output, input, op=op, group=group, async_op=async_op)
+        _APPLIED["reduce_scatter_as_all_to_all"] += 1
+        through_all_to_all(output, input, group)
+        return None
+
+    reduce_scatter_tensor._moe_lab_as_a2a = True
+    torch.distributed.reduce_scatter_tensor = reduce_scatter_tensor
+    import sys
+
+    for name, mod in list(sys.modules.items()):  # megatron's modules that bound the original at import
+        if name.startswith("megatron.") and mod is not None:
+            for attr, val in list(vars(mod).items()):
+                if val is orig:
+                    setattr(mod, attr, reduce_scatter_tensor)
+    for counter in ("reduce_scatter_as_all_to_all", "reduce_scatter_checked", "reduce_scatter_kept_gloo"):
+        _APPLIED.setdefault(counter, 0)
 
 
 def _uneven_all_gather() -> None:

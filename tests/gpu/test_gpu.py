@@ -4,6 +4,7 @@ NCCL, needs >= 2 GPUs. What is asserted is what the one-GPU issue asks; every nu
 
 import os
 
+import ipyparallel as ipp
 import pytest
 
 from moe_lab.config import MoEConfig
@@ -121,6 +122,81 @@ def test_router_fp32_with_deterministic_mode_makes_ranks_and_reruns_bitwise_equa
         virtual4.restart_engines(deterministic=False)
     assert rec["cross_rank"]["bitwise_equal"] and rec["cross_rank"]["trials"] == TRIALS
     assert rec["rerun"]["bitwise_equal"] and rec["env"].get("CUBLAS_WORKSPACE_CONFIG")
+
+
+@ipp.interactive
+def _collectives_both_ways(cfg_dict, rounds=5):
+    """On each rank: the seed layer's all-gather (tokens) and reduce-scatter (combine) on CUDA tensors, each through
+    the lab's all-to-all paths and through gloo's own, bitwise compared and timed (median of `rounds`, alternating);
+    then a forward + backward of the layer timed with the paths on and off (alternating; printed, not asserted)."""
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from moe_lab.engine import compat, dist as edist, shims, toolkit
+
+    s = toolkit.setup(cfg_dict)
+    world, dev = dist.get_world_size(), s.tokens.device
+    x = s.tokens.reshape(-1, s.tokens.shape[-1])  # [1024, 4096] bf16: 8 MiB a rank
+    g = torch.Generator(device=dev).manual_seed(dist.get_rank())
+    y = (torch.randn(world * x.shape[0], x.shape[1], device=dev, generator=g)
+         * torch.exp(3 * torch.randn(world * x.shape[0], x.shape[1], device=dev, generator=g))).bfloat16()
+    ag, rs = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
+    ways = {"all_gather": (lambda o: ag(o, x), lambda o: ag.__wrapped__(o, x), lambda: torch.empty_like(y)),
+            "reduce_scatter": (lambda o: rs(o, y), lambda o: rs.__wrapped__(o, y), lambda: torch.empty_like(x))}
+    out = {"kept_gloo": None}
+    for name, (lab, own, empty) in ways.items():
+        a, b = empty(), empty()
+        lab(a), own(b)  # the first reduce-scatter of a shape is the shim's check
+        times = {"lab": [], "gloo": []}
+        for _ in range(rounds):
+            for key, fn, o in (("lab", lab, a), ("gloo", own, b)):
+                toolkit.sync()
+                t0 = time.perf_counter()
+                fn(o)
+                toolkit.sync()
+                times[key].append(1e3 * (time.perf_counter() - t0))
+        out[name] = {"equal": bool(torch.equal(a, b)), **{k: statistics.median(v) for k, v in times.items()}}
+    out["kept_gloo"] = shims._APPLIED["reduce_scatter_kept_gloo"]
+    out["rs_as_a2a"] = shims._APPLIED["reduce_scatter_as_all_to_all"]
+
+    def step():
+        tokens = s.tokens.detach().clone().requires_grad_(True)
+        with torch.enable_grad():
+            compat.moe_output(s.layer(tokens)).float().square().sum().backward()
+        for p in s.layer.parameters():
+            p.grad = None
+        toolkit.sync()
+
+    threshold = shims.GATHER_AS_ALL_TO_ALL_BYTES
+    steps = {"lab": [], "gloo": []}
+    try:
+        step()
+        for _ in range(rounds):
+            for key, bytes_ in (("lab", threshold), ("gloo", 1 << 62)):
+                shims.GATHER_AS_ALL_TO_ALL_BYTES = bytes_
+                t0 = time.perf_counter()
+                step()
+                steps[key].append(1e3 * (time.perf_counter() - t0))
+    finally:
+        shims.GATHER_AS_ALL_TO_ALL_BYTES = threshold
+    out["forward_backward"] = {k: statistics.median(v) for k, v in steps.items()}
+    edist.release_caches()
+    return out
+
+
+@pytest.mark.gpu
+def test_gloos_collectives_through_the_all_to_all_give_gloos_bits_on_cuda_tensors(virtual4):
+    """The engine shims that send the seed layer's all-gather and reduce-scatter through one gloo all-to-all
+    (`engine.shims`): bitwise gloo's own on CUDA tensors (the reduce-scatter's first-call check agreed: nothing kept
+    gloo's path), with the milliseconds of each way printed for docs/bench.md."""
+    per_rank = virtual4.run(_collectives_both_ways, SEED.replace(dispatcher="allgather").asdict())
+    for r, res in enumerate(per_rank):
+        print(f"rank {r}: " + "; ".join(f"{k} {v}" for k, v in res.items()))
+    assert all(res["all_gather"]["equal"] and res["reduce_scatter"]["equal"] for res in per_rank)
+    assert all(res["kept_gloo"] == 0 and res["rs_as_a2a"] >= 5 for res in per_rank)
 
 
 @pytest.mark.gpu
