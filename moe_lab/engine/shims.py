@@ -189,7 +189,8 @@ def _reduce_scatter_as_all_to_all(all_to_all_single) -> None:
                 or torch.distributed.get_backend(group) != "gloo" or not output.is_contiguous():
             return orig(output, input, op=op, group=group, async_op=async_op)
         world = torch.distributed.get_world_size(group)
-        if world < 2 or input.numel() != world * output.numel():
+        if world < 2 or input.numel() != world * output.numel() or input.dtype != output.dtype \
+                or input.device != output.device:
             return orig(output, input, op=op, group=group, async_op=async_op)  # gloo says what is wrong
         key = (world, output.numel(), output.dtype, output.device.type)
         if key not in verdicts:
