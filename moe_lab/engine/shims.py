@@ -134,15 +134,21 @@ def _gather_as_all_to_all(all_to_all_single) -> None:
         return all_to_all_single(output_tensor.view(-1), sent, group=group)
 
     all_gather_into_tensor._moe_lab_as_a2a = True
-    torch.distributed.all_gather_into_tensor = all_gather_into_tensor
+    _install("all_gather_into_tensor", orig, all_gather_into_tensor)
+    _APPLIED.setdefault("all_gather_as_all_to_all", 0)
+
+
+def _install(name: str, orig, replacement) -> None:
+    """`torch.distributed.<name>` replaced, and so is every reference megatron's modules bound at import (e.g.
+    `mappings.dist_all_gather_func`), which would otherwise still call the original."""
     import sys
 
-    for name, mod in list(sys.modules.items()):  # megatron's modules that bound the original at import
-        if name.startswith("megatron.") and mod is not None:
+    setattr(torch.distributed, name, replacement)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("megatron.") and mod is not None:
             for attr, val in list(vars(mod).items()):
                 if val is orig:
-                    setattr(mod, attr, all_gather_into_tensor)
-    _APPLIED.setdefault("all_gather_as_all_to_all", 0)
+                    setattr(mod, attr, replacement)
 
 
 def _in_gloos_order(rank: int, world: int) -> list[int]:
@@ -210,14 +216,7 @@ def _reduce_scatter_as_all_to_all(all_to_all_single) -> None:
         return None
 
     reduce_scatter_tensor._moe_lab_as_a2a = True
-    torch.distributed.reduce_scatter_tensor = reduce_scatter_tensor
-    import sys
-
-    for name, mod in list(sys.modules.items()):  # megatron's modules that bound the original at import
-        if name.startswith("megatron.") and mod is not None:
-            for attr, val in list(vars(mod).items()):
-                if val is orig:
-                    setattr(mod, attr, reduce_scatter_tensor)
+    _install("reduce_scatter_tensor", orig, reduce_scatter_tensor)
     for counter in ("reduce_scatter_as_all_to_all", "reduce_scatter_checked", "reduce_scatter_kept_gloo"):
         _APPLIED.setdefault(counter, 0)
 
