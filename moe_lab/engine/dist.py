@@ -356,6 +356,7 @@ def describe() -> dict:
         "gpu": torch.cuda.get_device_name(STATE["gpu_index"]) if cuda else None,
         "gpu_uuid": provenance.gpu_uuid(STATE["gpu_index"]) if cuda else None,
         "gpu_index": STATE.get("gpu_index"),
+        "gpu_memory_bytes": torch.cuda.get_device_properties(STATE["gpu_index"]).total_memory if cuda else None,
         "ranks_per_gpu": rpg if cuda else None,
         "placement": ("one rank per GPU" if rpg == 1 else f"{rpg} ranks share each GPU (virtual EP)") if cuda
         else f"{tdist.get_world_size()} CPU engines",

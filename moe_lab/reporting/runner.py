@@ -304,6 +304,8 @@ def _profile_and_sizing_notes(meta: dict) -> str:
            f"{html.escape(str(about))}</p>") if about else ""
     machine = html.escape(str(meta.get("sizing_for", "CPU")))
     out += f"<p class='sizing'><b>Sized for this {machine}:</b> {html.escape(str(words))}</p>" if words else ""
+    if meta.get("one_at_a_time"):
+        out += f"<p class='sizing'><b>One notebook at a time:</b> {html.escape(str(meta['one_at_a_time']))}.</p>"
     if meta.get("notebooks_at_once", 1) > 1:
         out += ("<p class='sizing'><b>Two notebooks at a time:</b> each notebook's figures and pages were drawn while "
                 "the next one's cases ran (the cases took turns on the engines), so the run's seconds below overlap; "
@@ -444,8 +446,15 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 config = profiles.load(profile, overrides)
                 meta["parameters"] = json.dumps(config.public())  # the index shows the layer that ran
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
-        at_once = notebooks_at_once(len(chosen))
+        shared_gib = _shared_gpu_gib(cluster, config)
+        at_once = notebooks_at_once(len(chosen), shared_gib)
         meta["notebooks_at_once"] = at_once
+        if at_once == 1 and notebooks_at_once(len(chosen)) > 1:
+            meta["one_at_a_time"] = (f"the {shared_gib:.0f} GiB GPU the ranks share is under "
+                                     f"{SHARED_GPU_OVERLAP_MIN_GIB:.0f} GiB, so a notebook's layers and state left "
+                                     f"on the shared ranks until it ends would leave the next one short of memory "
+                                     f"(MOE_LAB_OVERLAP=1 runs two at a time anyway)")
+            logger.info("one notebook at a time: %s", meta["one_at_a_time"])
         bar = tqdm(total=len(chosen), desc="notebooks", unit="nb") if tqdm else None
         todo, running = list(chosen), []
         params = overrides or {}
@@ -560,13 +569,36 @@ TURN_FILE = ".moe_lab-engines.lock"
 OVERLAP_ENV = "MOE_LAB_OVERLAP"
 
 
-def notebooks_at_once(n_notebooks: int) -> int:
+SHARED_GPU_OVERLAP_MIN_GIB = 100.0
+"""Two notebooks at a time on one GPU that a run's ranks share only where the GPU has at least this much memory: a
+notebook's cases leave its layers and state on the shared ranks until it ends, so the notebook beside it builds on
+top of them. On 80 GB H100s two runs of the gpu profile each lost a notebook to out-of-memory with another beside it
+(08 beside 06 with the shared ranks at 13-29 GiB each: reports/published/gpu-h100x1-2026-12-06-shims); on a 141 GB
+H200 the whole profile ran two at a time (gpu-h200x1-2026-12-05-whole-profile)."""
+
+
+def notebooks_at_once(n_notebooks: int, shared_gpu_gib: float | None = None) -> int:
     """Notebooks a run executes at once: `turns.AT_ONCE` (the next one starts while the current one draws its figures
     and pages, their cases taking turns on the engines) where there are several; MOE_LAB_OVERLAP=0, or a single
-    notebook, gives 1."""
+    notebook, gives 1, and so does a GPU shared by the run's ranks with less memory than SHARED_GPU_OVERLAP_MIN_GIB
+    (`shared_gpu_gib`: its total; MOE_LAB_OVERLAP=1 overrides that)."""
     from ..controller import turns
 
-    return 1 if n_notebooks < 2 or switches.forced(OVERLAP_ENV) is False else turns.AT_ONCE
+    forced = switches.forced(OVERLAP_ENV)
+    if n_notebooks < 2 or forced is False:
+        return 1
+    if forced is None and shared_gpu_gib is not None and shared_gpu_gib < SHARED_GPU_OVERLAP_MIN_GIB:
+        return 1
+    return turns.AT_ONCE
+
+
+def _shared_gpu_gib(cluster, config) -> float | None:
+    """The memory of the GPU the shared cluster's ranks share (GiB, as its engines' torch reads it; the smallest
+    where there are several); None where ranks do not share a GPU, or an engine did not say."""
+    if cluster is None or config.cluster.device != "cuda" or getattr(cluster.state.config, "ranks_per_gpu", 1) < 2:
+        return None
+    sizes = [i.get("gpu_memory_bytes") for i in (cluster.info or [])]
+    return min(sizes) / 2**30 if sizes and all(sizes) else None
 
 
 @contextlib.contextmanager
