@@ -13,7 +13,7 @@ P = profiles.load("cpu")
 
 
 @ipp.interactive
-def _reduce_scatters(numel, threshold):
+def _reduce_scatters(numel, threshold, wrong_order=False):
     import torch
     import torch.distributed as dist
     from megatron.core.tensor_parallel import mappings
@@ -34,6 +34,9 @@ def _reduce_scatters(numel, threshold):
                       ("reduce_scatter_as_all_to_all", "reduce_scatter_checked", "reduce_scatter_kept_gloo")}
     before = counts()
     saved, shims.GATHER_AS_ALL_TO_ALL_BYTES = shims.GATHER_AS_ALL_TO_ALL_BYTES, threshold
+    order = shims._in_gloos_order
+    if wrong_order:  # the check's control: a local sum in ascending rank order, which gloo's is not
+        shims._in_gloos_order = lambda r, w: list(range(w))
     outs = []
     try:
         for _ in range(2):  # the first call checks the shape, the second takes the verdict
@@ -41,7 +44,7 @@ def _reduce_scatters(numel, threshold):
             patched(outs[-1], x.clone())
     finally:
         dist.all_to_all_single, dist.all_reduce = a2a, ar
-        shims.GATHER_AS_ALL_TO_ALL_BYTES = saved
+        shims.GATHER_AS_ALL_TO_ALL_BYTES, shims._in_gloos_order = saved, order
     after = counts()
     ref = torch.empty(numel, dtype=torch.bfloat16)
     own(ref, x.clone())
@@ -66,12 +69,19 @@ def test_a_reduce_scatter_through_the_all_to_all_gives_gloos_bits_and_a_wrong_or
 
 
 def test_a_shape_whose_check_disagrees_keeps_gloos_own_reduce_scatter(cpu_cluster):
-    # 3 a rank (the threshold set to 0): gloo's own chunks cut across the outputs, so the order read off gloo is not
-    # its order for every element, and with these (seeded) inputs that shows on some rank's part
-    for r in cpu_cluster.run(_reduce_scatters, 3, 0):
+    # the local sum in the wrong order on a new shape: its first call's check fails on every rank that gets a wrong
+    # bit, so the shape keeps gloo's path and both calls give gloo's bits
+    for r in cpu_cluster.run(_reduce_scatters, (1 << 20) + 2, 1 << 20, True):
         assert r["equal"] == [True, True]
         assert (r["reduce_scatter_checked"], r["reduce_scatter_kept_gloo"], r["reduce_scatter_as_all_to_all"]) \
             == (1, 1, 0)
+
+
+def test_an_odd_length_keeps_gloos_own_path_unchecked(cpu_cluster):
+    # 2^20 + 1 elements a rank: gloo's chunks cut across the parts, so the order read off gloo is not its order
+    for r in cpu_cluster.run(_reduce_scatters, (1 << 20) + 1, 1 << 20):
+        assert r["equal"] == [True, True]
+        assert (r["reduce_scatter_checked"], r["reduce_scatter_as_all_to_all"]) == (0, 0)
 
 
 def test_a_small_reduce_scatter_takes_gloos_own_path(cpu_cluster):
