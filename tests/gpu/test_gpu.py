@@ -139,8 +139,9 @@ def _collectives_both_ways(cfg_dict, rounds=5):
 
     s = toolkit.setup(cfg_dict)
     world, dev = dist.get_world_size(), s.tokens.device
-    x = s.tokens.reshape(-1, s.tokens.shape[-1])  # [1024, 4096] bf16: 8 MiB a rank
-    g = torch.Generator(device=dev).manual_seed(dist.get_rank())
+    g = torch.Generator(device=dev).manual_seed(dist.get_rank())  # every rank's own values (the tokens are shared)
+    x = torch.randn(s.tokens.numel() // s.tokens.shape[-1], s.tokens.shape[-1], device=dev,
+                    generator=g).bfloat16()  # the tokens' shape, [1024, 4096] bf16: 8 MiB a rank
     y = (torch.randn(world * x.shape[0], x.shape[1], device=dev, generator=g)
          * torch.exp(3 * torch.randn(world * x.shape[0], x.shape[1], device=dev, generator=g))).bfloat16()
     ag, rs = dist.all_gather_into_tensor, dist.reduce_scatter_tensor
@@ -159,6 +160,19 @@ def _collectives_both_ways(cfg_dict, rounds=5):
                 toolkit.sync()
                 times[key].append(1e3 * (time.perf_counter() - t0))
         out[name] = {"equal": bool(torch.equal(a, b)), **{k: statistics.median(v) for k, v in times.items()}}
+    # the controls: ranks 0 and 1 swapped in the gather, the parts summed in ascending rank order (not gloo's)
+    a_gather = torch.empty_like(y)
+    ag.__wrapped__(a_gather, x)
+    swapped = a_gather.view(world, -1)[[1, 0] + list(range(2, world))].reshape(a_gather.shape)
+    parts = torch.empty_like(y)
+    dist.all_to_all_single(parts, y)
+    parts = parts.view(world, -1)
+    ascending = parts[0] + parts[1]
+    for j in range(2, world):
+        ascending = ascending + parts[j]
+    own_rs = torch.empty_like(x)
+    rs.__wrapped__(own_rs, y)
+    out["controls_equal"] = [bool(torch.equal(swapped, a_gather)), bool(torch.equal(ascending.view(x.shape), own_rs))]
     out["kept_gloo"] = shims._APPLIED["reduce_scatter_kept_gloo"]
     out["rs_as_a2a"] = shims._APPLIED["reduce_scatter_as_all_to_all"]
 
@@ -196,6 +210,7 @@ def test_gloos_collectives_through_the_all_to_all_give_gloos_bits_on_cuda_tensor
     for r, res in enumerate(per_rank):
         print(f"rank {r}: " + "; ".join(f"{k} {v}" for k, v in res.items()))
     assert all(res["all_gather"]["equal"] and res["reduce_scatter"]["equal"] for res in per_rank)
+    assert all(res["controls_equal"] == [False, False] for res in per_rank)  # the check can fail
     assert all(res["kept_gloo"] == 0 and res["rs_as_a2a"] >= 5 for res in per_rank)
 
 
