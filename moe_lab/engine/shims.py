@@ -155,8 +155,8 @@ def _in_gloos_order(rank: int, world: int) -> list[int]:
     """The order in which gloo's reduce-scatter adds the ranks' parts of rank `rank`'s output, one rounding a step:
     rank - 1, rank - 2, ... (mod world), its own last — its ring passing the partial sum backwards. Read off gloo
     (torch 2.13 on CPU, worlds 2, 3, 4 and 8, bf16, fp16, fp32): bitwise at every even length of a rank's part
-    tried (2 to 1,048,576), not at odd ones (3 to 524,291: gloo cuts the input in two chunks a rank, whose borders
-    then fall inside the parts), so odd lengths keep gloo's path and every shape is still checked on its first call
+    tried (2 to 1,048,576), not at odd ones (3 to 524,291: as if gloo cut the input in two chunks a rank, whose
+    borders then fall inside the parts), so odd lengths keep gloo's path and every shape is still checked on its first call
     (`_reduce_scatter_as_all_to_all`)."""
     return [(rank - k) % world for k in range(1, world)] + [rank]
 
