@@ -156,8 +156,8 @@ def _in_gloos_order(rank: int, world: int) -> list[int]:
     rank - 1, rank - 2, ... (mod world), its own last — its ring passing the partial sum backwards. Read off gloo
     (torch 2.13 on CPU, worlds 2, 3, 4 and 8, bf16, fp16, fp32): bitwise at every even length of a rank's part
     tried (2 to 1,048,576), not at odd ones (3 to 524,291: as if gloo cut the input in two chunks a rank, whose
-    borders then fall inside the parts), so odd lengths keep gloo's path and every shape is still checked on its first call
-    (`_reduce_scatter_as_all_to_all`)."""
+    borders then fall inside the parts), so odd lengths keep gloo's path and every shape is still checked on its
+    first call (`_reduce_scatter_as_all_to_all`)."""
     return [(rank - k) % world for k in range(1, world)] + [rank]
 
 
@@ -170,8 +170,8 @@ def _reduce_scatter_as_all_to_all(all_to_all_single) -> None:
     where all agreed (`_APPLIED["reduce_scatter_checked"]` / `["reduce_scatter_kept_gloo"]` count the verdicts); that
     first call returns gloo's own result. Applied as `_gather_as_all_to_all` is: megatron's bound
     `dist_reduce_scatter_func` too, gloo groups, synchronous SUM calls, a rank's part of at least
-    GATHER_AS_ALL_TO_ALL_BYTES and of even length (`_in_gloos_order`); the collectives it calls are this module's, so a ledger still sees one
-    reduce-scatter."""
+    GATHER_AS_ALL_TO_ALL_BYTES and of even length (`_in_gloos_order`); the collectives it calls are this module's,
+    so a ledger still sees one reduce-scatter."""
     orig = torch.distributed.reduce_scatter_tensor
     if getattr(orig, "_moe_lab_as_a2a", False):
         return
