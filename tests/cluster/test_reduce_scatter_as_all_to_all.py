@@ -1,6 +1,7 @@
 """Large reduce-scatters sent through gloo as one all-to-all and a local sum
-(`engine.shims._reduce_scatter_as_all_to_all`), on real engines: gloo's own bits where the first call's check agreed, gloo's own path where it did not, megatron's
-bound reduce-scatter replaced, and a real MoE forward and backward bitwise the same with the shim and without it."""
+(`engine.shims._reduce_scatter_as_all_to_all`), on real engines: gloo's own bits where the first call's check agreed,
+gloo's own path where it did not, megatron's bound reduce-scatter replaced, and a real MoE forward and backward
+bitwise the same with the shim and without it."""
 
 import ipyparallel as ipp
 import pytest
