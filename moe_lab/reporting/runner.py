@@ -533,7 +533,7 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
     if budget == 0 or cluster is None:
         return None
     device = config.cluster.device
-    virtual_ep = device == "cuda" and profile == "gpu" and getattr(cluster.state.config, "ranks_per_gpu", 1) > 1
+    virtual_ep = profile == "gpu" and _ranks_share_a_gpu(cluster, config)
     if not (device == "cpu" and profile == "cpu") and not virtual_ep:
         return None
     touched = sorted(k for k in overrides if k.split(".")[-1] in SIZED_KEYS or (virtual_ep and k == "training.steps"))
@@ -592,10 +592,16 @@ def notebooks_at_once(n_notebooks: int, shared_gpu_gib: float | None = None) -> 
     return turns.AT_ONCE
 
 
+def _ranks_share_a_gpu(cluster, config) -> bool:
+    """Whether the run's shared cluster puts several ranks on one GPU (virtual EP over gloo)."""
+    return cluster is not None and config.cluster.device == "cuda" \
+        and getattr(cluster.state.config, "ranks_per_gpu", 1) > 1
+
+
 def _shared_gpu_gib(cluster, config) -> float | None:
     """The memory of the GPU the shared cluster's ranks share (GiB, as its engines' torch reads it; the smallest
     where there are several); None where ranks do not share a GPU, or an engine did not say."""
-    if cluster is None or config.cluster.device != "cuda" or getattr(cluster.state.config, "ranks_per_gpu", 1) < 2:
+    if not _ranks_share_a_gpu(cluster, config):
         return None
     sizes = [i.get("gpu_memory_bytes") for i in (cluster.info or [])]
     return min(sizes) / 2**30 if sizes and all(sizes) else None
