@@ -23,6 +23,13 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 nvidia-smi -L | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.txt"
 python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), 'megatron-core', m.__version__)" 2>&1 | grep -v Warn | tee -a "$OUT/env.txt"
+# pip compiles what it installs; this node's torch ships no bytecode and PYTHONDONTWRITEBYTECODE is set, so every
+# process compiled torch again (moe_lab/bytecode.py). Where the lab's bytecode tree applies, fill it here once, as a
+# pip install would have: set-up, not the commands' time. BYTECODE_FILL=0 leaves it to the first command.
+if [[ ${BYTECODE_FILL:-1} == 1 ]]; then
+  python3 -c "from moe_lab import bytecode; f = bytecode.fill(); f and print(f'bytecode tree filled in {f[\"seconds\"]} s (set-up): {f[\"folder\"]}')" \
+    2>&1 | tee -a "$OUT/env.txt"
+fi
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 quiet() { grep -v "warnings.warn(\|Warning: \|UserWarning\|DeprecationWarning"; }
 has pytest && { python3 -m pytest -m gpu ${PYTEST_FILES:-tests/gpu} -q -p no:cacheprovider -s --timeout=900 2>&1 | quiet \

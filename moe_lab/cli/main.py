@@ -22,7 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .. import switches
+from .. import bytecode, switches
 from .argtypes import notebooks as _notebooks, nonempty as _nonempty, number as _number, whole_seconds as _whole_seconds
 from .options import add_launcher_arguments, kv as _kv, launcher_kwargs
 
@@ -420,6 +420,7 @@ def _main(a) -> int:
                "timing": cmd_timing}[a.cmd]
     try:
         switches.check()  # an on/off switch set to something else: refused before anything starts
+        bytecode.use_for_started_processes()  # before the command starts a kernel, controller or engine
         return handler(a)
     except (ValueError, ResultsFileError) as e:  # bad input: one line, exit 2, nothing launched
         if a.debug:  # the traceback too; the exit code stays the contract's

@@ -15,6 +15,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from .. import bytecode
 from ..config import ClusterConfig
 from . import attached, bring_up, calls, processes, restart, spares
 from .diagnosis import ClusterError
@@ -106,6 +107,7 @@ class Cluster:
         if cfg.device == "cuda" and cfg.launcher == "local":  # more ranks than GPUs: refused with the fix, first
             check_devices(cfg, visible_gpus())
         settings = launcher_settings(cfg)  # a bad launcher option is refused before anything starts
+        bytecode.use_for_started_processes()  # where every process would compile torch's imports again
         st.launched_at = time.perf_counter()
         st.info, st.timings, st.procs, st.rendezvous = [], {}, [], None
         # A private profile per cluster: two notebooks (or users) never share connection files or ports.
