@@ -8,6 +8,12 @@ case's), and a cluster of a notebook's own (another release, EP=1) never beside 
 exclusive `flock` on the file MOE_LAB_ENGINE_TURN names, so it is released by the kernel's exit too: a kernel that
 dies holding it blocks nobody. Without that variable (a notebook run by hand, a test) a turn is taken at once.
 
+With MOE_LAB_ENGINE_TURN_WHOLE=1 as well (the runner sets it where the ranks share a GPU too small for two
+notebooks' state, `reporting.runner`), a kernel keeps the turn from its first case until it exits: the next notebook
+starts meanwhile — its kernel, set-up and first cluster of its own launched ahead — and runs its first case once
+the one before it has ended and left nothing on the engines (its clusters stopped, the shared cluster's layers
+dropped, its process gone).
+
 Records say how many notebooks ran at once (`notebooks_at_once`): a cost measured on a CPU then shared its cores
 with the other kernel's figures.
 """
@@ -25,12 +31,14 @@ from typing import Callable
 logger = logging.getLogger("moe_lab.controller.cluster")
 
 ENV = "MOE_LAB_ENGINE_TURN"
+WHOLE_ENV = "MOE_LAB_ENGINE_TURN_WHOLE"
 AT_ONCE = 2
 """Notebooks `moe-lab run` executes at once where it has several and MOE_LAB_OVERLAP is not 0 (`reporting.runner`)."""
 POLL_S = 0.05
 NOTE_AFTER_S = 1.0  # a wait longer than this is said in the log
 
 _held = threading.local()
+_whole: dict = {}  # "path", "fd": the turn file this process holds until it exits (WHOLE_ENV)
 
 
 def notebooks_at_once() -> int:
@@ -44,7 +52,7 @@ def engines_turn(what: str = "", waiting: Callable[[], object] | None = None):
     Ctrl-C while waiting raises KeyboardInterrupt as anywhere else. `waiting` is called while the turn is another
     kernel's, every POLL_S (non-blocking work: a launched cluster's imports started once it has registered)."""
     path = os.environ.get(ENV)
-    if not path or getattr(_held, "depth", 0):
+    if not path or getattr(_held, "depth", 0) or _whole.get("path") == path:
         _held.depth = getattr(_held, "depth", 0) + 1
         try:
             yield 0.0
@@ -68,15 +76,26 @@ def engines_turn(what: str = "", waiting: Callable[[], object] | None = None):
                 time.sleep(POLL_S)
         waited = time.monotonic() - t0
         if waited > NOTE_AFTER_S:
-            logger.info("%swaited %.1f s for the engines (the other notebook's cases ran)",
-                        f"{what}: " if what else "", waited)
+            logger.info("%swaited %.1f s for the engines (the other notebook's %s)", f"{what}: " if what else "",
+                        waited, "run" if whole() else "cases ran")
+        if whole():  # kept until this process exits, which releases it
+            _whole.update(path=path, fd=fd)
+            fd = None
+            yield waited
+            return
         _held.depth = 1
         try:
             yield waited
         finally:
             _held.depth = 0
     finally:
-        os.close(fd)  # releases the lock
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
-__all__ = ["AT_ONCE", "ENV", "engines_turn", "notebooks_at_once"]
+def whole() -> bool:
+    """Whether a kernel keeps the engines' turn from its first case until it exits (WHOLE_ENV set to 1)."""
+    return os.environ.get(WHOLE_ENV, "") == "1"
+
+
+__all__ = ["AT_ONCE", "ENV", "WHOLE_ENV", "engines_turn", "notebooks_at_once", "whole"]

@@ -304,9 +304,10 @@ def _profile_and_sizing_notes(meta: dict) -> str:
            f"{html.escape(str(about))}</p>") if about else ""
     machine = html.escape(str(meta.get("sizing_for", "CPU")))
     out += f"<p class='sizing'><b>Sized for this {machine}:</b> {html.escape(str(words))}</p>" if words else ""
-    if meta.get("one_at_a_time"):
-        out += f"<p class='sizing'><b>One notebook at a time:</b> {html.escape(str(meta['one_at_a_time']))}.</p>"
-    if meta.get("notebooks_at_once", 1) > 1:
+    if meta.get("whole_notebook_turns"):
+        out += (f"<p class='sizing'><b>One notebook's cases at a time:</b> "
+                f"{html.escape(str(meta['whole_notebook_turns']))}.</p>")
+    elif meta.get("notebooks_at_once", 1) > 1:
         out += ("<p class='sizing'><b>Two notebooks at a time:</b> each notebook's figures and pages were drawn while "
                 "the next one's cases ran (the cases took turns on the engines), so the run's seconds below overlap; "
                 "a cost measured on a CPU shared its cores with that work (its records say notebooks_at_once = 2; "
@@ -448,18 +449,21 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         shared_gib = _shared_gpu_gib(cluster, config)
         at_once = notebooks_at_once(len(chosen), shared_gib)
+        whole = at_once > 1 and whole_notebook_turns(shared_gib)
         meta["notebooks_at_once"] = at_once
-        if at_once == 1 and notebooks_at_once(len(chosen)) > 1:
-            meta["one_at_a_time"] = (f"the {shared_gib:.0f} GiB GPU the ranks share is under "
-                                     f"{SHARED_GPU_OVERLAP_MIN_GIB:.0f} GiB, so a notebook's layers and state left "
-                                     f"on the shared ranks until it ends would leave the next one short of memory "
-                                     f"(MOE_LAB_OVERLAP=1 runs two at a time anyway)")
-            logger.info("one notebook at a time: %s", meta["one_at_a_time"])
+        if whole:
+            meta["whole_notebook_turns"] = (
+                f"the {shared_gib:.0f} GiB GPU the ranks share is under {SHARED_GPU_OVERLAP_MIN_GIB:.0f} GiB, so a "
+                f"notebook's layers and state left on the shared ranks until it ends would leave a notebook beside it "
+                f"short of memory: each notebook ran its cases once the one before it had ended, and started "
+                f"meanwhile (its kernel, set-up and first engines of its own) (MOE_LAB_OVERLAP=1: two notebooks' "
+                f"cases take turns; 0: one notebook at a time)")
+            logger.info("one notebook's cases at a time: %s", meta["whole_notebook_turns"])
         bar = tqdm(total=len(chosen), desc="notebooks", unit="nb") if tqdm else None
         todo, running = list(chosen), []
         params = overrides or {}
         try:
-            with engine_turns(out_dir, at_once):
+            with engine_turns(out_dir, at_once, whole=whole):
                 while todo or running:
                     while todo and len(running) < at_once:  # at most `at_once`: the next starts as one ends
                         num, src = todo.pop(0)
@@ -570,26 +574,32 @@ OVERLAP_ENV = "MOE_LAB_OVERLAP"
 
 
 SHARED_GPU_OVERLAP_MIN_GIB = 100.0
-"""Two notebooks at a time on one GPU that a run's ranks share only where the GPU has at least this much memory: a
-notebook's cases leave its layers and state on the shared ranks until it ends, so the notebook beside it builds on
-top of them. On 80 GB H100s two runs of the gpu profile each lost a notebook to out-of-memory with another beside it
-(08 beside 06 with the shared ranks at 13-29 GiB each: reports/published/gpu-h100x1-2026-12-06-shims); on a 141 GB
-H200 the whole profile ran two at a time (gpu-h200x1-2026-12-05-whole-profile)."""
+"""Two notebooks' cases taking turns on one GPU that a run's ranks share only where the GPU has at least this much
+memory: a notebook's cases leave its layers and state on the shared ranks until it ends, so the notebook beside it
+builds on top of them. On 80 GB H100s two runs of the gpu profile each lost a notebook to out-of-memory with another
+beside it (08 beside 06 with the shared ranks at 13-29 GiB each: reports/published/gpu-h100x1-2026-12-06-shims); on
+a 141 GB H200 the whole profile ran two at a time (gpu-h200x1-2026-12-05-whole-profile). Under it a notebook keeps
+the engines' turn until it ends (`whole_notebook_turns`)."""
 
 
 def notebooks_at_once(n_notebooks: int, shared_gpu_gib: float | None = None) -> int:
-    """Notebooks a run executes at once: `turns.AT_ONCE` (the next one starts while the current one draws its figures
-    and pages, their cases taking turns on the engines) where there are several; MOE_LAB_OVERLAP=0, or a single
-    notebook, gives 1, and so does a GPU shared by the run's ranks with less memory than SHARED_GPU_OVERLAP_MIN_GIB
-    (`shared_gpu_gib`: its total; MOE_LAB_OVERLAP=1 overrides that)."""
+    """Notebooks a run executes at once: `turns.AT_ONCE` (the next one starts while the current one runs) where
+    there are several; MOE_LAB_OVERLAP=0, or a single notebook, gives 1. `shared_gpu_gib` decides whose cases take
+    turns (`whole_notebook_turns`), not how many run."""
     from ..controller import turns
 
-    forced = switches.forced(OVERLAP_ENV)
-    if n_notebooks < 2 or forced is False:
-        return 1
-    if forced is None and shared_gpu_gib is not None and shared_gpu_gib < SHARED_GPU_OVERLAP_MIN_GIB:
+    if n_notebooks < 2 or switches.forced(OVERLAP_ENV) is False:
         return 1
     return turns.AT_ONCE
+
+
+def whole_notebook_turns(shared_gpu_gib: float | None) -> bool:
+    """Whether a notebook keeps the engines' turn from its first case until it ends (`controller.turns`: the next one
+    starts meanwhile and runs its cases after it): where the run's ranks share a GPU with less memory than
+    SHARED_GPU_OVERLAP_MIN_GIB (`shared_gpu_gib`: its total), unless MOE_LAB_OVERLAP=1 (cases of two notebooks take
+    turns anyway)."""
+    return switches.forced(OVERLAP_ENV) is None and shared_gpu_gib is not None \
+        and shared_gpu_gib < SHARED_GPU_OVERLAP_MIN_GIB
 
 
 def _ranks_share_a_gpu(cluster, config) -> bool:
@@ -608,9 +618,10 @@ def _shared_gpu_gib(cluster, config) -> float | None:
 
 
 @contextlib.contextmanager
-def engine_turns(out_dir: Path, at_once: int):
+def engine_turns(out_dir: Path, at_once: int, whole: bool = False):
     """For a run of `at_once` > 1 notebooks: the engines' turn file in the report folder, named to the kernels in
-    MOE_LAB_ENGINE_TURN (they inherit it), unnamed and removed afterwards, whatever happened."""
+    MOE_LAB_ENGINE_TURN (they inherit it; with `whole`, MOE_LAB_ENGINE_TURN_WHOLE=1 too: each keeps the turn until
+    it exits), unnamed and removed afterwards, whatever happened."""
     from ..controller import turns
 
     if at_once < 2:
@@ -618,10 +629,13 @@ def engine_turns(out_dir: Path, at_once: int):
         return
     path = out_dir / TURN_FILE
     os.environ[turns.ENV] = str(path)
+    if whole:
+        os.environ[turns.WHOLE_ENV] = "1"
     try:
         yield
     finally:
         os.environ.pop(turns.ENV, None)
+        os.environ.pop(turns.WHOLE_ENV, None)
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
 

@@ -74,6 +74,25 @@ def test_control_one_notebook_at_a_time_without_overlap(tmp_path, monkeypatch):
     assert "Two notebooks at a time" not in (out / "index.html").read_text()
 
 
+def test_on_a_small_shared_gpu_the_next_notebook_starts_beside_and_runs_its_cases_after_the_one_before(
+        tmp_path, monkeypatch):
+    """Where the ranks share a GPU under SHARED_GPU_OVERLAP_MIN_GIB (its size read from the shared cluster, stood in
+    for here): two kernels at a time, but a notebook keeps the engines from its first case until its kernel exits,
+    so the next one starts (kernel, set-up) while the one before runs and takes the engines after it ended."""
+    monkeypatch.setattr(report, "_shared_gpu_gib", lambda cluster, config: 79.2)
+    monkeypatch.delenv(turns.WHOLE_ENV, raising=False)
+    rc, wall, index, t, out = _run(tmp_path, "whole", monkeypatch, "")
+    print(f"TIME three notebooks, one's cases at a time: {wall:.1f} s")
+    assert rc == 0 and [r["verdict"] for r in index["notebooks"]] == ["01 done", "02 done", "03 done"]
+    assert index["meta"]["notebooks_at_once"] == 2 and "79 GiB" in index["meta"]["whole_notebook_turns"]
+    order = sorted(t, key=lambda n: t[n]["turn"][0])  # whichever kernel reached its first case first runs first
+    for a, b in zip(order, order[1:]):
+        assert t[b]["start"] < t[a]["end"], f"{b} did not start while {a} ran"
+        assert t[b]["turn"][0] >= t[a]["end"], f"{b}'s cases began before {a} had ended"
+    assert "One notebook's cases at a time" in (out / "index.html").read_text()
+    assert turns.ENV not in os.environ and turns.WHOLE_ENV not in os.environ
+
+
 def test_a_short_notebook_beside_a_long_one_hands_its_place_to_the_next(tmp_path, monkeypatch):
     """01 holds the engines 1 s and draws 10 s; 02 and 03 are short: 03 starts as soon as 02 ends, while 01 still
     draws (waiting for the long one would start it only after 01's figures), never three at once, and the index keeps

@@ -87,6 +87,45 @@ def test_a_turn_is_reentrant_and_without_the_variable_taken_at_once(tmp_path, mo
         assert waited == 0.0
 
 
+WHOLE_HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from moe_lab.controller import turns
+    for case in range(2):  # two cases of one notebook, each through its own turn block
+        with turns.engines_turn("whole holder"):
+            pass
+    Path(sys.argv[1]).write_text("cases done")
+    time.sleep(float(sys.argv[2]))  # its figures and pages: no turn block, the process still running
+""")
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_whole_notebook_turn_is_kept_until_the_process_exits(tmp_path, monkeypatch, whole):
+    """With MOE_LAB_ENGINE_TURN_WHOLE=1 a process that took the engines keeps them after its turn blocks end (its
+    second block re-enters the turn it holds), until it exits; the control, without it, lets go after each block."""
+    import os
+
+    monkeypatch.setenv(turns.ENV, str(tmp_path / "engines.lock"))
+    monkeypatch.delenv(turns.WHOLE_ENV, raising=False)  # this process waits as any kernel does
+    env = dict(os.environ, **({turns.WHOLE_ENV: "1"} if whole else {}))
+    done = tmp_path / "done"
+    p = subprocess.Popen([sys.executable, "-c", WHOLE_HOLDER, str(done), "1.0"], env=env)
+    deadline = time.monotonic() + 60
+    while not done.exists():
+        assert p.poll() is None and time.monotonic() < deadline, "the holder never ran its cases"
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    with turns.engines_turn() as waited:
+        took = time.monotonic() - t0
+        still_running = p.poll() is None
+    p.wait(timeout=30)
+    assert p.returncode == 0
+    if whole:
+        assert took >= 0.5 and waited >= 0.5 and not still_running, (took, waited)
+    else:
+        assert took < 0.5 and still_running, took
+
+
 def test_a_turn_file_that_cannot_be_opened_is_said_with_the_variable_and_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv(turns.ENV, str(tmp_path / "missing" / "engines.lock"))
     with pytest.raises(OSError, match=rf"the engines' turn file \({turns.ENV}\) cannot be opened: .*unset {turns.ENV}"):
