@@ -59,6 +59,12 @@ def test_phases_cases_once_and_reused_apart(tmp_path):
     assert "| 01 | ok | 21.0 | 20.0 | 1.5 | 2.5 | 14.0 | 8.5 (2, 1 reused) | 1.8 | 1.0 |" in text
     assert "| 02 | failed | 1.0 | – |" in text
     assert "ready in ready_s 12.5 s, engines_s 7.0 s" in text and "30.0 s from the command's start" in text
+    assert "(2 notebook(s) at a time; the notebooks' seconds overlap" in text and "cases at a time" not in text
+    index = json.loads((tmp_path / "index.json").read_text())
+    index["meta"]["whole_notebook_turns"] = "the 79 GiB GPU the ranks share is under 100 GiB"
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    assert ("(2 notebook(s) at a time (one notebook's cases at a time: each ran its cases after the one before it "
+            "ended); the notebooks' seconds overlap") in timing.markdown(tmp_path)
 
 
 def test_a_case_measured_in_the_run_is_not_reused(tmp_path):
