@@ -229,7 +229,7 @@ def markdown(folder: str | Path) -> str:
                    "inside it; an older runner did not write it)")
     if isinstance(meta.get("elapsed_s"), (int, float)):
         n_at = meta.get("notebooks_at_once", 1)
-        whole = " (one notebook's cases at a time: each ran its cases after the one before it ended)" \
+        whole = ", one notebook's cases at a time: each ran its cases after the one before it ended" \
             if meta.get("whole_notebook_turns") else ""
         out.append(f"Run: {meta['elapsed_s']:.1f} s from the command's start to the last notebook's end "
                    f"({n_at} notebook(s) at a time{whole}"

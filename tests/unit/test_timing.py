@@ -63,8 +63,8 @@ def test_phases_cases_once_and_reused_apart(tmp_path):
     index = json.loads((tmp_path / "index.json").read_text())
     index["meta"]["whole_notebook_turns"] = "the 79 GiB GPU the ranks share is under 100 GiB"
     (tmp_path / "index.json").write_text(json.dumps(index))
-    assert ("(2 notebook(s) at a time (one notebook's cases at a time: each ran its cases after the one before it "
-            "ended); the notebooks' seconds overlap") in timing.markdown(tmp_path)
+    assert ("(2 notebook(s) at a time, one notebook's cases at a time: each ran its cases after the one before it "
+            "ended; the notebooks' seconds overlap") in timing.markdown(tmp_path)
 
 
 def test_a_case_measured_in_the_run_is_not_reused(tmp_path):
