@@ -37,15 +37,19 @@ def folder() -> Path:
     return release_dirs.cache_dir() / "bytecode"
 
 
+def _spec(package: str):
+    """The import system's spec of `package`, found without importing it (None where it is not installed)."""
+    try:
+        return importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+
+
 def holds_no_bytecode(package: str = PACKAGE) -> bool:
     """Whether `package` is installed as source with no bytecode of this Python beside it (its `__init__`'s own
     `__pycache__` file, whatever cache prefix this process has). False where it is not installed."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return False
-    origin = getattr(spec, "origin", None)
-    if spec is None or not origin or not origin.endswith(".py"):
+    origin = getattr(_spec(package), "origin", None)
+    if not origin or not origin.endswith(".py"):
         return False
     source = Path(origin)
     return not (source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc").exists()
@@ -94,20 +98,15 @@ networkx: torch's own, made as megatron-core's imports reach torch.compile)."""
 
 
 def _folder_of(package: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    locations = getattr(_spec(package), "submodule_search_locations", None)
+    return Path(next(iter(locations))) if locations else None
 
 
 def fill(packages=FILLED, *, stdlib: bool = True, timeout_s: float = 900.0) -> dict | None:
-    """Compile `packages`' folders (and the standard library) into the tree where the cache applies (None elsewhere),
-    as `pip install` compiles what it installs: a set-up step, so that a fresh machine's first command reads their
-    bytecode instead of compiling it. Returns the folders and the seconds taken; RuntimeError if compileall could not
-    run (a file it cannot compile is left to be compiled on import, as Python would)."""
+    """Compile `packages`' folders (and the standard library) into the tree where the cache applies to the first of
+    them (None elsewhere), as `pip install` compiles what it installs: a set-up step, so that a fresh machine's first
+    command reads their bytecode instead of compiling it. Returns the folders and the seconds taken; RuntimeError if
+    compileall could not run (a file it cannot compile is left to be compiled on import, as Python would)."""
     import subprocess
     import sysconfig
     import time
