@@ -4,8 +4,8 @@ compiled bytecode nor lets Python write any.
 Python compiles a module's source on import and keeps the bytecode in `__pycache__` beside it; `pip install` compiles
 every module it installs. An environment that sets PYTHONDONTWRITEBYTECODE over a torch installed without its bytecode
 (a container image built that way) compiles torch's modules again in every process that imports them: on one H100 node
-(docs/bench.md) torch's and megatron-core's imports took 15 s in every process there, 4.6 s once a cache held their
-bytecode — and a run starts such a process for every cluster, release switch and engine of its own. There, the
+(docs/bench.md) torch's and megatron-core's imports took 14-18 s in every process there, 4.6 s once a cache held
+their bytecode — and a run starts such a process for every cluster, release switch and engine of its own. There, the
 processes the lab starts afterwards (controller, preload servers, engines, notebook kernels) are given
 PYTHONPYCACHEPREFIX, a bytecode tree under the lab's cache (`release_dirs.cache_dir()/bytecode`), and may write it;
 the environment's own folders are not written. Anywhere else nothing changes. MOE_LAB_BYTECODE_CACHE=0 turns it off,
@@ -29,7 +29,7 @@ PREFIX_ENV = "PYTHONPYCACHEPREFIX"
 NO_WRITE_ENV = "PYTHONDONTWRITEBYTECODE"
 PACKAGE = "torch"
 """The package whose missing bytecode turns the cache on: the largest of an engine's imports (with megatron-core's
-torch.compile decorators, most of its 15 s there)."""
+torch.compile decorators, most of its 14-18 s there)."""
 
 
 def folder() -> Path:
