@@ -448,7 +448,7 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 meta["parameters"] = json.dumps(config.public())  # the index shows the layer that ran
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         shared_gib = _shared_gpu_gib(cluster, config)
-        at_once = notebooks_at_once(len(chosen), shared_gib)
+        at_once = notebooks_at_once(len(chosen))
         whole = at_once > 1 and whole_notebook_turns(shared_gib)
         meta["notebooks_at_once"] = at_once
         if whole:
@@ -582,10 +582,10 @@ a 141 GB H200 the whole profile ran two at a time (gpu-h200x1-2026-12-05-whole-p
 the engines' turn until it ends (`whole_notebook_turns`)."""
 
 
-def notebooks_at_once(n_notebooks: int, shared_gpu_gib: float | None = None) -> int:
+def notebooks_at_once(n_notebooks: int) -> int:
     """Notebooks a run executes at once: `turns.AT_ONCE` (the next one starts while the current one runs) where
-    there are several; MOE_LAB_OVERLAP=0, or a single notebook, gives 1. `shared_gpu_gib` decides whose cases take
-    turns (`whole_notebook_turns`), not how many run."""
+    there are several; MOE_LAB_OVERLAP=0, or a single notebook, gives 1. A small shared GPU decides whose cases take
+    turns (`whole_notebook_turns`), not how many notebooks run."""
     from ..controller import turns
 
     if n_notebooks < 2 or switches.forced(OVERLAP_ENV) is False:

@@ -25,7 +25,7 @@ def test_a_shared_gpu_under_the_bound_gives_whole_notebook_turns_and_a_larger_on
     monkeypatch.delenv(runner.OVERLAP_ENV, raising=False)
     shared = runner._shared_gpu_gib(_cluster(gib), _config())
     assert shared == pytest.approx(gib)
-    assert runner.notebooks_at_once(9, shared) == turns.AT_ONCE  # two kernels either way: the next one starts
+    assert runner.notebooks_at_once(9) == turns.AT_ONCE  # two kernels either way: the next one starts
     assert runner.whole_notebook_turns(shared) is whole
 
 
@@ -35,15 +35,15 @@ def test_controls_one_rank_per_gpu_cpu_engines_and_an_unread_size_keep_case_turn
     assert runner._shared_gpu_gib(_cluster(79.2), _config("cpu")) is None
     assert runner._shared_gpu_gib(_cluster(None), _config()) is None
     assert runner._shared_gpu_gib(None, _config()) is None
-    assert runner.notebooks_at_once(9, None) == turns.AT_ONCE and runner.whole_notebook_turns(None) is False
-    assert runner.notebooks_at_once(1, 139.8) == 1
+    assert runner.notebooks_at_once(9) == turns.AT_ONCE and runner.whole_notebook_turns(None) is False
+    assert runner.notebooks_at_once(1) == 1
 
 
 def test_the_overlap_switch_decides_over_the_memory_bound(monkeypatch):
     monkeypatch.setenv(runner.OVERLAP_ENV, "1")
-    assert runner.notebooks_at_once(9, 79.2) == turns.AT_ONCE and runner.whole_notebook_turns(79.2) is False
+    assert runner.notebooks_at_once(9) == turns.AT_ONCE and runner.whole_notebook_turns(79.2) is False
     monkeypatch.setenv(runner.OVERLAP_ENV, "0")
-    assert runner.notebooks_at_once(9, 139.8) == 1 and runner.notebooks_at_once(9, 79.2) == 1
+    assert runner.notebooks_at_once(9) == 1 and runner.whole_notebook_turns(79.2) is False
 
 
 @pytest.mark.parametrize("whole", [True, False])
