@@ -78,18 +78,18 @@ def cpu_gemm_invariant(cpu_gemm):
 
 def truncation_story(recs: list[dict], invariant: bool) -> None:
     """Notebook 04's records of the REAL CPU layer (not emulated), held against what this CPU's bf16 GEMM does
-    (`invariant`, measured apart): batch invariant → the kernel probe's real expert GEMMs are bitwise equal at every
-    M and the real layer passes the truncation test; batch variant (oneDNN on AMX) → the probe shows them batch
-    variant and the real layer fails it. Either way reruns are bitwise equal (CPU and gloo are deterministic), and
-    fixed-row tiles make the probe's rows and the real layer's first tokens bitwise equal."""
+    (`invariant`, measured apart over several random draws): batch invariant → the kernel probe's real expert GEMMs
+    are bitwise equal at every M and the real layer passes the truncation test. Batch variant (oneDNN on AMX) → the
+    probe and the real layer may show it or not: on some Xeons AMX's rows differ in one element of 16,384 in half the
+    draws, and the probe and the layer are one draw each. Either way reruns are bitwise equal (CPU and gloo are
+    deterministic), and fixed-row tiles make the probe's rows and the real layer's first tokens bitwise equal."""
     real = [r for r in recs if not r.get("emulated") and "skipped" not in r]
     kern = [r for r in real if r.get("kind") == "kernel"]
     plain_k = [r for r in kern if r["remedy"] == "none"]
     assert plain_k, "no kernel probe of the real expert GEMMs in the records"
     varies = sorted({(r["linear"], r["M"]) for r in plain_k if not r["kernel"]["bitwise_equal"]})
-    said = "batch invariant" if invariant else "batch variant"
-    assert bool(varies) != invariant, (f"the CPU GEMM measured apart is {said}, but notebook 04's kernel probe "
-                                       f"says rows differ at {varies or 'no M'}")
+    assert not (invariant and varies), ("the CPU GEMM measured apart is batch invariant, but notebook 04's kernel "
+                                        f"probe says rows differ at {varies}")
     for r in kern:
         if "tiled_experts" in r["remedy"]:
             assert r["kernel"]["bitwise_equal"], ("fixed-row tiles did not make the real GEMM batch invariant", r["M"])
@@ -100,10 +100,10 @@ def truncation_story(recs: list[dict], invariant: bool) -> None:
         assert r["rerun"]["bitwise_equal"], (r["dispatcher"], r["remedy"], "a rerun differs on CPU")
         if "tiled_experts" in r["remedy"]:
             assert r["truncation"]["bitwise_equal"], (r["dispatcher"], r["remedy"], "tiles did not hold")
-    for r in plain:
-        assert r["truncation"]["bitwise_equal"] == invariant, (
-            f"{r['dispatcher']}: the real layer {'fails' if invariant else 'passes'} the truncation test "
-            f"({r['truncation'].get('n_mismatch')} elements differ) on a CPU whose bf16 GEMM is {said}")
+    for r in plain if invariant else ():
+        assert r["truncation"]["bitwise_equal"], (
+            f"{r['dispatcher']}: the real layer fails the truncation test ({r['truncation'].get('n_mismatch')} "
+            "elements differ) on a CPU whose bf16 GEMM is batch invariant")
 
 
 @pytest.fixture(scope="session", name="truncation_story")

@@ -41,12 +41,23 @@ def test_the_command_line_prints_what_the_function_measures(capsys):
     assert out["ms"] == [128, 512] and out["threads"] == torch.get_num_threads() and out["dtype"] == "bf16"
     for k, n in ((256, 512), (512, 256)):
         row = out["shapes"][f"{k},{n}"]
-        assert row["differ"] == {str(M): c for M, c in kernels.rows_differ(k, n, [128, 512]).items()}
-        assert row["first_variant_m"] == kernels.cpu_gemm_batch_variance(k, n, [128, 512])
+        assert out["draws"] == 8
+        assert row["differ"] == {str(M): c for M, c in kernels.rows_differ(k, n, [128, 512], draws=8).items()}
+        assert row["first_variant_m"] == kernels.cpu_gemm_batch_variance(k, n, [128, 512], draws=8)
+
+
+def test_draws_add_up_the_differing_elements_of_each_seed():
+    emulated = lambda x, w: B.splitk_linear(x, w, reduce_dtype=torch.bfloat16)  # noqa: E731 - splits from M
+    one = [kernels.rows_differ(1024, 1024, [128, 256], matmul=emulated, seed=s) for s in (5, 6, 7)]
+    assert kernels.rows_differ(1024, 1024, [128, 256], matmul=emulated, seed=5, draws=3) == {
+        M: sum(d[M] for d in one) for M in (128, 256)}
+    assert one[0][256] != one[1][256]  # the draws are different data, not one draw counted three times
 
 
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match=r"1 <= m <= min\(ms\)"):
         kernels.rows_differ(256, 512, [64, 128], m=100)
-    with pytest.raises(ValueError, match="need k, n >= 1"):
+    with pytest.raises(ValueError, match="draws=0"):
+        kernels.rows_differ(256, 512, [64, 128], draws=0)
+    with pytest.raises(ValueError, match="need k, n, draws >= 1"):
         kernels.rows_differ(0, 512, [64])

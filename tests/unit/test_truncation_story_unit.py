@@ -1,7 +1,8 @@
 """The check that holds notebook 04's real-layer records against this CPU's bf16 GEMM (tests/conftest.py
 `truncation_story`), fed records of both kinds of CPU: batch invariant (AVX2, as on the CI machine) and batch variant
-(oneDNN's AMX kernels: the probe's rows differ from M = 256, the real layer fails by one element) — so the AMX
-branch is exercised without an AMX CPU — and records that contradict what the CPU was measured to do."""
+(oneDNN's AMX kernels: the probe's rows differ from M = 256, the real layer fails by one element — or, on a Xeon whose
+AMX rows differ in one element of 16,384 in half the draws, neither shows it) — so the AMX branch is exercised
+without an AMX CPU — and records that contradict what the CPU was measured to do."""
 
 from __future__ import annotations
 
@@ -44,8 +45,6 @@ def _records(*, variant_from=None, plain_equal=True, tiled_equal=True, rerun_equ
 
 def test_a_batch_invariant_cpu(truncation_story):
     truncation_story(_records(), True)
-    with pytest.raises(AssertionError, match="kernel probe says rows differ at no M"):
-        truncation_story(_records(), False)  # measured variant apart, but the records show no variance
 
 
 def test_an_amx_cpu(truncation_story):
@@ -56,12 +55,18 @@ def test_an_amx_cpu(truncation_story):
         truncation_story(amx, True)
 
 
+@pytest.mark.parametrize("records", [dict(), dict(variant_from=512), dict(variant_from=256, plain_equal=True)],
+                         ids=["no-draw-shows-it", "probe-only", "layer-passes"])
+def test_an_amx_cpu_whose_variance_is_rare(truncation_story, records):
+    """Measured batch variant over several draws, but the probe's one draw and the layer's one draw may miss it."""
+    truncation_story(_records(**records), False)
+
+
 @pytest.mark.parametrize("records,invariant,why", [
-    (dict(variant_from=256, plain_equal=True), False, "allgather: the real layer passes the truncation test"),
     (dict(plain_equal=False), True, "allgather: the real layer fails the truncation test"),
     (dict(variant_from=256, plain_equal=False, tiled_equal=False), False, "fixed-row tiles did not make"),
     (dict(rerun_equal=False), True, "a rerun differs on CPU"),
-], ids=["variant-but-passes", "invariant-but-fails", "tiles-fail", "rerun-differs"])
+], ids=["invariant-but-fails", "tiles-fail", "rerun-differs"])
 def test_records_that_contradict_the_cpu_fail(truncation_story, records, invariant, why):
     with pytest.raises(AssertionError, match=why):
         truncation_story(_records(**records), invariant)

@@ -76,8 +76,8 @@ def test_splitk_at_a_fixed_split_is_row_invariant():
 
 
 def _real_gemm_invariant(cpu_gemm, k, n, ms) -> bool:
-    """This CPU's bf16 GEMM at (K, N) and these Ms, measured apart (a subprocess at this process's thread count):
-    batch invariant on AVX2 / AVX-512 without AMX, not with oneDNN's AMX kernels (tests/README.md)."""
+    """This CPU's bf16 GEMM at (K, N) and these Ms, measured apart over several draws (a subprocess at this process's
+    thread count): batch invariant on AVX2 / AVX-512 without AMX, not with oneDNN's AMX kernels (tests/README.md)."""
     return cpu_gemm.invariant([(k, n)], ms, threads=torch.get_num_threads())
 
 
@@ -90,9 +90,10 @@ def test_splitk_emulation_is_m_dependent_on_a_plain_matmul(reduce_dtype, cpu_gem
     assert B.splitk_splits(m, 1024, 1024) != B.splitk_splits(1024, 1024, 1024)
     diff = int((alone.view(torch.int16) != inside.view(torch.int16)).sum())
     assert diff > (m * 1024 // 10 if reduce_dtype is BF16 else 0), diff
-    # the real CPU GEMM: batch invariant where this CPU's is (the emulation's M dependence is its own either way)
-    assert torch.equal(F.linear(x[:1024], w)[:m], F.linear(x[:m], w)) == _real_gemm_invariant(cpu_gemm, 1024, 1024,
-                                                                                              [m, 1024])
+    # the real CPU GEMM: batch invariant where this CPU's is, measured over several draws (the emulation's M
+    # dependence is its own either way); where it is not, this one draw may or may not show it
+    if _real_gemm_invariant(cpu_gemm, 1024, 1024, [m, 1024]):
+        assert torch.equal(F.linear(x[:1024], w)[:m], F.linear(x[:m], w))
 
 
 def test_no_splitk_sets_and_restores_torch_switches_and_the_emulation_obeys_it(cpu_gemm):

@@ -98,17 +98,33 @@ def _capture(layer, tokens, cfg):
     return {k: v.detach().clone() for k, v in st.items()}
 
 
-def _fp64_twin(layer, cfg, layout):
-    """A fresh layer of the same layout whose every tensor is `layer`'s bf16 value upcast to fp64."""
+def _fp64_twin(layer, cfg, layout, *, consume: bool = False):
+    """A fresh layer of the same layout whose every tensor is `layer`'s bf16 value upcast to fp64.
+
+    The twin is built on the host (megatron's CPU initialisation: fp32 placeholders of the config's parameters, never
+    written) and each parameter moves to `layer`'s device as fp64 straight from `layer`'s value: a GPU never holds an
+    fp32 copy, whose freed blocks the caching allocator would keep beside the fp64 ones (the seed layer's truth at
+    EP 4 then took 30 GiB on one rank, and four ranks sharing an 80 GB GPU ran out of memory). `consume`: `layer` is
+    dropped parameter by parameter as the twin takes its place (the caller no longer uses it), so a GPU holds the
+    fp64 twin and at most one parameter of both."""
     import torch
 
+    from ...engine import compat
     from ...engine import layer as layer_mod
 
-    twin = layer_mod.fresh_layers(cfg.replace(dtype="fp32"), layout, 1)[0].to(torch.float64)
+    lay = layer_mod.parallel_state_for(layout)
+    twin = compat.build_moe_layer(cfg.replace(dtype="fp32"), lay, device="cpu")
     src = dict(layer.named_parameters())
+    cuda = any(p.is_cuda for p in src.values())
     with torch.no_grad():
         for name, p in twin.named_parameters():
-            p.copy_(src[name].detach().to(torch.float64))
+            p.data = src[name].detach().to(torch.float64)
+            if consume:
+                src[name].data = src[name].data.new_empty(0)
+                if cuda:
+                    torch.cuda.empty_cache()
+        device = next(iter(src.values())).device
+        twin = twin.to(device=device, dtype=torch.float64)  # what is left: the buffers
         bias, tb = getattr(layer.router, "expert_bias", None), getattr(twin.router, "expert_bias", None)
         if bias is not None and tb is not None:
             tb.copy_(bias.to(tb.dtype))
@@ -127,12 +143,18 @@ def _truth(moe: dict, spec: str):
     if key not in cache:
         if len(cache) > 8:
             cache.clear()
-        if STATE.get("device") == "cuda":  # an fp64 copy takes four times a bf16 layer: other cached layers go first
+        cuda = STATE.get("device") == "cuda"
+        if cuda:  # an fp64 copy takes four times a bf16 layer: other cached layers go first
             STATE.get("layers", {}).clear()
             torch.cuda.empty_cache()
         s = toolkit.setup(moe, Layout.parse(spec))
-        twin = _fp64_twin(s.layer, s.cfg, s.layout)
+        if cuda:  # and so does this one: the twin takes its place (the runs build it again)
+            STATE.get("layers", {}).clear()
+        twin = _fp64_twin(s.layer, s.cfg, s.layout, consume=cuda)
         cache[key] = _capture(twin, s.tokens.to(torch.float64), s.cfg)
+        del twin, s
+        if cuda:
+            torch.cuda.empty_cache()
     return cache[key]
 
 
