@@ -42,7 +42,7 @@ QUESTION_LAYERS = {"experiment": "experiments", "layouts": "experiments", "verdi
                    "figures": "reporting", "params": "question", "QUESTION": "question", "record": "question",
                    "layouts_record": "question", "rule": "findings", "gradients": "experiments",
                    "trajectory": "experiments", "gradients_findings": "findings", "gradients_params": "question",
-                   "gradients_figures": "reporting", "rule_torch": "experiments"}
+                   "gradients_figures": "reporting", "rule_torch": "experiments", "memory": "question"}
 """A question folder's modules → their layer; an unknown module name in a folder is an error (say its layer here)."""
 
 

@@ -72,7 +72,7 @@ def cases(config: RunConfig) -> list[Case]:
 
     p = config.params(OracleParams)
     world = from_settings(config.cluster).engines
-    base = config.layer.replace(router_dtype="none")
+    base = p.layer(config.layer).replace(router_dtype="none")
     for spec in (*p.layouts, *(FAULTS[f] for f in p.faults)):
         try:
             Layout.parse(spec).on(world).check_layer(base)

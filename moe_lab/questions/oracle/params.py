@@ -33,6 +33,9 @@ class OracleParams(Section):
     training: OracleTrainingParams = field(default_factory=OracleTrainingParams)
     """One step's gradients and the first K training steps against fp64 (`gradients_params`; the profile's
     `"oracle": {"training": {...}}`)."""
+    ffn_hidden: int = 0
+    """The experts' ffn width of the oracle's layer; 0: the profile's. A run on ranks sharing one GPU sets it where
+    the profile's layer would not fit (`memory.size`), and its index says so."""
     trials: int = 0
     """Runs of each layout on each dispatcher (the reruns); 0: the profile's `trials`. Each run's error statistics
     are measured over every element, where the layer ran (`rule_torch`: on a GPU, sorted there)."""
@@ -64,10 +67,17 @@ class OracleParams(Section):
         from ...config import MAX_REPEATS, check_count
 
         check_count("oracle.trials", self.trials, least=0, most=MAX_REPEATS, zero="the profile's trials")
+        if not isinstance(self.ffn_hidden, int) or isinstance(self.ffn_hidden, bool) or self.ffn_hidden < 0:
+            raise ValueError(f"oracle.ffn_hidden ({self.ffn_hidden!r}) must be a positive integer, or 0 for the "
+                             "profile's ffn_hidden")
         if self.faults in ([], ()):
             object.__setattr__(self, "faults", ())
         else:
             tuple_of(self, "faults", str, FAULT_NAMES)
+
+    def layer(self, profile_layer):
+        """The oracle's layer: the profile's, with `ffn_hidden` where set."""
+        return profile_layer.replace(ffn_hidden=self.ffn_hidden) if self.ffn_hidden else profile_layer
 
     def runs(self, profile_trials: int) -> int:
         return self.trials or profile_trials
@@ -77,7 +87,7 @@ class OracleParams(Section):
         from ...layout import Layout
 
         self.training.check_world(config, ccfg)
-        base = config.layer
+        base = self.layer(config.layer)
         for spec in (*self.layouts, *(FAULT_LAYOUTS[f] for f in self.faults)):
             try:
                 Layout.parse(spec).on(ccfg.engines).check_layer(base)
