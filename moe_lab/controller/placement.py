@@ -162,7 +162,7 @@ def gpu_free_bytes(n: int) -> list[int]:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML binding: the driver's own tool
         pass
-    free = _smi_free_bytes()
+    free = _smi_bytes("memory.free")
     if len(idx) == n and free and all(i in free for i in idx):
         return [free[i] for i in idx]
     import torch
@@ -170,9 +170,32 @@ def gpu_free_bytes(n: int) -> list[int]:
     return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
 
 
-def _smi_free_bytes() -> dict[int, int] | None:
-    """{NVML index: free bytes} from `nvidia-smi` (indices as NVML numbers them, as the binding's above); None where
-    it is missing, fails or says something else."""
+def gpu_total_bytes(n: int) -> list[int] | None:
+    """Total memory of the first `n` visible GPUs, bytes (NVML's Python binding, else `nvidia-smi`); None where
+    neither says (no torch here: a cold command must not make a CUDA context for it)."""
+    import os
+
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    idx = [int(x) for x in vis.split(",") if x.strip().isdigit()][:n] if vis else list(range(n))
+    if len(idx) != n:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in idx]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML binding: the driver's own tool
+        pass
+    total = _smi_bytes("memory.total")
+    return [total[i] for i in idx] if total and all(i in total for i in idx) else None
+
+
+def _smi_bytes(field: str) -> dict[int, int] | None:
+    """{NVML index: `field` (memory.free, memory.total) in bytes} from `nvidia-smi` (indices as NVML numbers them, as
+    the binding's above); None where it is missing, fails or says something else."""
     import shutil
     import subprocess
 
@@ -180,7 +203,7 @@ def _smi_free_bytes() -> dict[int, int] | None:
     if not smi:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+        out = subprocess.run([smi, f"--query-gpu=index,{field}", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
         if out.returncode != 0:
             return None
@@ -219,4 +242,5 @@ def default_engines(settings) -> int | None:
     return None
 
 
-__all__ = ["visible_gpus", "gpu_name", "default_config", "gpu_free_bytes", "from_settings", "default_engines"]
+__all__ = ["visible_gpus", "gpu_name", "default_config", "gpu_free_bytes", "gpu_total_bytes", "from_settings",
+           "default_engines"]

@@ -304,9 +304,6 @@ def _profile_and_sizing_notes(meta: dict) -> str:
            f"{html.escape(str(about))}</p>") if about else ""
     machine = html.escape(str(meta.get("sizing_for", "CPU")))
     out += f"<p class='sizing'><b>Sized for this {machine}:</b> {html.escape(str(words))}</p>" if words else ""
-    if meta.get("oracle_sizing"):
-        out += (f"<p class='sizing'><b>Sized for this GPU's memory:</b> "
-                f"{html.escape(str(meta['oracle_sizing']))}.</p>")
     if meta.get("whole_notebook_turns"):
         out += (f"<p class='sizing'><b>One notebook's cases at a time:</b> "
                 f"{html.escape(str(meta['whole_notebook_turns']))}.</p>")
@@ -449,15 +446,6 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                 overrides = {**(overrides or {}), **sizing.overrides}
                 config = profiles.load(profile, overrides)
                 meta["parameters"] = json.dumps(config.public())  # the index shows the layer that ran
-        oracle = None if budget == 0 else _size_the_oracle(cluster, config, overrides or {},
-                                                           [n for n, _ in chosen])
-        if oracle is not None and oracle.words():
-            meta["oracle_sizing"] = oracle.words()
-            logger.info("sizing: %s", meta["oracle_sizing"])
-            if oracle.ffn_hidden:
-                overrides = {**(overrides or {}), "oracle.ffn_hidden": oracle.ffn_hidden}
-                config = profiles.load(profile, overrides)
-                meta["parameters"] = json.dumps(config.public())
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         shared_gib = _shared_gpu_gib(cluster, config)
         at_once = notebooks_at_once(len(chosen))
@@ -578,22 +566,6 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
              "seq_lens": list(config.params(SeqLenParams).seq_lens)}
     return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks,
                            budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
-
-
-def _size_the_oracle(cluster, config, overrides: dict, notebooks: list[str]):
-    """Notebook 08's layer against each rank's share of the GPU the run's ranks share (`questions.oracle.memory`);
-    None where 08 is not in the run, the ranks do not share a GPU, an engine did not say its GPU's memory, or the
-    run gives `oracle.ffn_hidden` itself."""
-    if "08" not in notebooks or "oracle.ffn_hidden" in overrides or not _ranks_share_a_gpu(cluster, config):
-        return None
-    gib = _shared_gpu_gib(cluster, config)
-    if gib is None:
-        return None
-    from ..questions.oracle import memory
-    from ..questions.oracle.params import OracleParams
-
-    return memory.size(config.layer, config.params(OracleParams), len(cluster.state.engine_ids),
-                       gib / cluster.state.config.ranks_per_gpu)
 
 
 SHARED_FILE = ".moe_lab-cluster.json"

@@ -1,15 +1,16 @@
-"""Notebook 08's layer sized to the GPU share of ranks that share one GPU (`questions.oracle.memory`, the runner's
-`_size_the_oracle`): the rule against the H100 run that ran out of memory and the H200 run that did not, the bytes it
-counts, the parameter it sets, and the index's words. Torch-free."""
+"""Notebook 08's layer sized to the GPU share of ranks that share one GPU (`questions.oracle.memory`, applied by
+`experiment.cases`): the rule against the H100 run that ran out of memory and the H200 run that did not, the bytes it
+counts, where it applies, the record it leaves and the findings' words. Torch-free."""
 
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 
 from moe_lab import profiles
 from moe_lab.questions.oracle import experiment, memory
 from moe_lab.questions.oracle.params import OracleParams
-from moe_lab.reporting import runner
+from moe_lab.config import ClusterConfig
+from moe_lab.questions.oracle import findings as found
 
 H100_GIB, H200_GIB = 79.18, 139.8  # as the engines' torch read them (total_memory / 2**30)
 
@@ -41,7 +42,8 @@ def test_on_an_h100_shared_by_four_ranks_the_seed_layer_is_sized_and_on_an_h200_
     # ... where the fp64 weights alone (16.0 GiB) would have said it fits: the held-over-weights factor decides
     assert memory.need_gib(layer, p, 4) / memory.HELD_OVER_WEIGHTS < H100_GIB / 4
     words = h100.words()
-    assert "expert ffn 8192, not the profile's 16384" in words and "19.8 GiB" in words and "22.4 GiB" in words
+    assert "sized to this GPU: expert ffn 8192, not the profile's 16384" in words and "19.8 GiB" in words \
+        and "22.4 GiB" in words
     h200 = memory.size(layer, p, 4, H200_GIB / 4)
     assert h200.ffn_hidden is None and h200.words() == ""
 
@@ -67,21 +69,39 @@ def test_the_parameter_sets_the_oracle_layer_alone():
             profiles.load("cpu", {"oracle.ffn_hidden": bad})
 
 
-def _cluster(gib, ranks_per_gpu=4, engines=4):
-    info = [{"rank": r, "gpu_memory_bytes": int(gib * 2**30)} for r in range(engines)]
-    return SimpleNamespace(info=info, state=SimpleNamespace(config=SimpleNamespace(ranks_per_gpu=ranks_per_gpu),
-                                                            engine_ids=list(range(engines))))
+def _placed(monkeypatch, gib, *, device="cuda", ranks_per_gpu=4, engines=4):
+    from moe_lab.controller import placement
+
+    monkeypatch.setattr(placement, "from_settings",
+                        lambda settings: ClusterConfig(device=device, engines=engines, ranks_per_gpu=ranks_per_gpu))
+    monkeypatch.setattr(placement, "gpu_total_bytes", lambda n: None if gib is None else [int(gib * 2**30)] * n)
 
 
-def test_the_run_sizes_the_oracle_only_where_08_runs_on_ranks_sharing_a_gpu():
+def test_the_case_is_sized_only_where_ranks_share_a_gpu_too_small_for_it(monkeypatch):
     config = profiles.load("gpu")
-    s = runner._size_the_oracle(_cluster(H100_GIB), config, {}, ["07", "08"])
-    assert s.ffn_hidden == 8192
-    assert runner._size_the_oracle(_cluster(H200_GIB), config, {}, ["08"]).ffn_hidden is None
-    assert runner._size_the_oracle(_cluster(H100_GIB), config, {}, ["07", "09"]) is None  # 08 not in the run
-    assert runner._size_the_oracle(_cluster(H100_GIB), config, {"oracle.ffn_hidden": 16384}, ["08"]) is None
-    assert runner._size_the_oracle(_cluster(H100_GIB, ranks_per_gpu=1), config, {}, ["08"]) is None  # NCCL
-    assert runner._size_the_oracle(None, config, {}, ["08"]) is None
-    page = runner._profile_and_sizing_notes({"oracle_sizing": s.words()})
-    assert "Sized for this GPU's memory:</b> notebook 08 ran its layer with expert ffn 8192" in page
-    assert "Sized for this GPU's memory" not in runner._profile_and_sizing_notes({})
+    _placed(monkeypatch, H100_GIB)
+    (c,) = experiment.cases(config)
+    assert c.moe.ffn_hidden == 8192 and c.knobs["memory"]["ffn_hidden"] == 8192
+    assert c.knobs["memory"]["profile_ffn"] == 16384 and round(c.knobs["memory"]["share_gib"], 1) == 19.8
+    for gib, kw in ((H200_GIB, {}), (H100_GIB, {"ranks_per_gpu": 1}), (None, {}), (H100_GIB, {"device": "cpu", "ranks_per_gpu": 1})):
+        _placed(monkeypatch, gib, **kw)  # an H200, a GPU per rank (NCCL), no memory read, a CPU: the profile's
+        (c,) = experiment.cases(config)
+        assert c.moe.ffn_hidden == 16384 and "memory" not in c.knobs, (gib, kw)
+    _placed(monkeypatch, H100_GIB)
+    (c,) = experiment.cases(profiles.load("gpu", {"oracle.ffn_hidden": 16384}))  # given: not sized
+    assert c.moe.ffn_hidden == 16384 and "memory" not in c.knobs
+
+
+def test_the_record_keeps_the_sizing_and_the_findings_say_it(monkeypatch):
+    layer, p = _gpu()
+    sized = memory.size(layer, p, 4, int(H100_GIB * 2**30) / 2**30 / 4)  # as the GPU's bytes read
+    rec = {"kind": "oracle", "memory": dataclasses.asdict(sized)}
+    assert found._sized_words(rec) == "; " + sized.words() and "expert ffn 8192" in found._sized_words(rec)
+    assert found._sized_words({"kind": "oracle"}) == ""  # unsized: nothing said
+    _placed(monkeypatch, H100_GIB)
+    (c,) = experiment.cases(profiles.load("gpu"))
+    per_rank = [{"rank": 0, "runs": [], "pairs": [], "fp64_layouts": {}, "truth": {"layout": "ep4", "elements": 1}}]
+    assert experiment.records(c, per_rank)[0]["memory"] == dataclasses.asdict(sized)
+    _placed(monkeypatch, H200_GIB)
+    (c,) = experiment.cases(profiles.load("gpu"))
+    assert "memory" not in experiment.records(c, per_rank)[0]

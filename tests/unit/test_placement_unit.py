@@ -87,6 +87,18 @@ def test_free_gpu_memory_comes_from_nvidia_smi_without_a_cuda_context(tmp_path, 
     assert placement.gpu_free_bytes(1) == [1024 * 2 ** 20]
 
 
+def test_total_gpu_memory_comes_from_nvidia_smi_and_is_none_where_it_cannot_say(tmp_path, monkeypatch):
+    from moe_lab.controller import placement
+
+    _fake_smi(tmp_path, monkeypatch, 'case "$1" in *memory.total*) echo "0, 81559";; *) echo "0, 100";; esac\n')
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert placement.gpu_total_bytes(1) == [81559 * 2 ** 20]  # the total, not the free
+    assert placement.gpu_free_bytes(1) == [100 * 2 ** 20]
+    assert placement.gpu_total_bytes(2) is None  # a GPU it does not list
+    _fake_smi(tmp_path, monkeypatch, "exit 9\n")
+    assert placement.gpu_total_bytes(1) is None  # no torch asked: None
+
+
 @pytest.mark.parametrize("body", ["exit 9\n", 'echo "garbage"\n', 'echo "0, 10"\n'])
 def test_a_failing_or_short_nvidia_smi_falls_back_to_torch(tmp_path, monkeypatch, body):
     """The control: where the tool fails, says something else or lacks a GPU asked for, torch answers (here a

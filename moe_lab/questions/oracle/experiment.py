@@ -21,6 +21,7 @@ Planted faults (`FAULTS`), each a bug a sharding mistake makes, each on one layo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ from . import QUESTION
 from ...config import MoEConfig
 from ...experiments.protocol import Case
 from ...layout import Layout, state_major
+from ...records import ABSENT
 from .params import FAULT_LAYOUTS
 from .record import OracleRecord
 
@@ -71,17 +73,40 @@ def cases(config: RunConfig) -> list[Case]:
     from .params import OracleParams
 
     p = config.params(OracleParams)
-    world = from_settings(config.cluster).engines
+    ccfg = from_settings(config.cluster)
+    world = ccfg.engines
     base = p.layer(config.layer).replace(router_dtype="none")
+    sizing = _sized_to_the_gpu(base, p, ccfg)
+    if sizing is not None and sizing.ffn_hidden:
+        base = base.replace(ffn_hidden=sizing.ffn_hidden)
     for spec in (*p.layouts, *(FAULTS[f] for f in p.faults)):
         try:
             Layout.parse(spec).on(world).check_layer(base)
         except ValueError as e:
             raise ValueError(f"oracle layout {spec!r} on {world} ranks: {e}") from None
-    return [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
+    (c,) = [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
                  dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=p.runs(config.run.trials),
                  reference=p.reference, truth_layouts=p.truth_layouts or None, release=config.release,
                  cut=config.run.cut)]
+    if sizing is not None and sizing.words():
+        c.knobs["memory"] = dataclasses.asdict(sizing)
+    return [c]
+
+
+def _sized_to_the_gpu(layer, p, ccfg):
+    """`memory.size` of the oracle's layer for ranks that share one GPU (virtual EP), against each rank's share of
+    its memory; None elsewhere (a GPU per rank, a CPU), where the run gives `oracle.ffn_hidden`, or where the GPU's
+    memory cannot be read."""
+    from ...controller.placement import gpu_total_bytes
+    from . import memory
+
+    if ccfg.device != "cuda" or getattr(ccfg, "ranks_per_gpu", 1) <= 1 or p.ffn_hidden:
+        return None
+    gpus = max(1, ccfg.engines // ccfg.ranks_per_gpu)
+    total = gpu_total_bytes(gpus)
+    if not total:
+        return None
+    return memory.size(layer, p, ccfg.engines, min(total) / 2**30 / ccfg.ranks_per_gpu)
 
 
 # ---------------------------------------------------------------------------------------------- engine side
@@ -133,6 +158,8 @@ def _fp64_twin(layer, cfg, layout, *, consume: bool = False):
 
 def _truth(moe: dict, spec: str):
     """The fp64 stages of layout `spec`'s weights and tokens, upcast (cached per layer and layout on this engine)."""
+    import gc
+
     import torch
 
     from ...engine import toolkit
@@ -144,8 +171,9 @@ def _truth(moe: dict, spec: str):
         if len(cache) > 8:
             cache.clear()
         cuda = STATE.get("device") == "cuda"
-        if cuda:  # an fp64 copy takes four times a bf16 layer: other cached layers go first
-            STATE.get("layers", {}).clear()
+        if cuda:  # an fp64 copy takes four times a bf16 layer: other cached layers go first (a module's reference
+            STATE.get("layers", {}).clear()  # cycles keep it until a collection)
+            gc.collect()
             torch.cuda.empty_cache()
         s = toolkit.setup(moe, Layout.parse(spec))
         if cuda:  # and so does this one: the twin takes its place (the runs build it again)
@@ -154,6 +182,7 @@ def _truth(moe: dict, spec: str):
         cache[key] = _capture(twin, s.tokens.to(torch.float64), s.cfg)
         del twin, s
         if cuda:
+            gc.collect()
             torch.cuda.empty_cache()
     return cache[key]
 
@@ -372,7 +401,8 @@ def records(case: Case, per_rank: list[dict]) -> list[dict]:
     return [OracleRecord(reference=case.knobs["reference"], layouts=list(case.knobs["layouts"]),
                          dispatchers=list(case.knobs.get("dispatchers") or [case.moe.dispatcher]),
                          faults=list(case.knobs["faults"]), trials=case.knobs["trials"], runs=r0["runs"],
-                         pairs=r0["pairs"], fp64_layouts=r0["fp64_layouts"], truth=r0["truth"]).asdict()]
+                         pairs=r0["pairs"], fp64_layouts=r0["fp64_layouts"], truth=r0["truth"],
+                         memory=case.knobs.get("memory", ABSENT)).asdict()]
 
 
 def verdict(records: list[dict]) -> str:

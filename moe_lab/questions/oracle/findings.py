@@ -5,7 +5,7 @@ truth across layouts. Torch-free."""
 
 from __future__ import annotations
 
-from . import rule
+from . import memory, rule
 from ...findings.common import groups, guarded
 from ...findings.model import FAIL, MIXED, NA, PASS, Count, Evidence, Finding, case_keys, commits_of, subject_of
 
@@ -84,6 +84,12 @@ def topk_differences(a: dict, b: dict) -> set[int]:
     return {int(t) for t in set(ta) | set(tb) if ta.get(t) != tb.get(t)}
 
 
+def _sized_words(rec: dict) -> str:
+    """'; sized to this GPU: …' where the record's layer was sized to the GPU its ranks shared (`memory`)."""
+    m = rec.get("memory")
+    return f"; {memory.OracleSizing(**m).words()}" if m else ""
+
+
 def _one(rec: dict) -> list[Finding]:
     verdicts = judged(rec)
     out: list[Finding] = []
@@ -142,7 +148,8 @@ def _one(rec: dict) -> list[Finding]:
                     f"{len(layout_runs)} runs of {len(rec['layouts'])} layouts within the band in every group and "
                     f"statistic), and {len(controls)} of {len(controls)} planted faults were caught")
             short = f"yes — {len(rec['layouts'])} layouts in band; {len(controls)}/{len(controls)} faults caught"
-        claim = (f"{d}: {head} — {_band_words(rec, verdicts)}; {rerun_words}; planted: {control_words}")
+        claim = (f"{d}: {head} — {_band_words(rec, verdicts)}; {rerun_words}; planted: {control_words}"
+                 f"{_sized_words(rec)}")
         out.append(Finding(EXPERIMENT, QUESTION, subj, status, claim, ev, card=True, commits=commits, short=short))
         if tol_parts:
             out.append(Finding(EXPERIMENT, TOLERANCE, dict(subj), PASS if status == PASS else status,

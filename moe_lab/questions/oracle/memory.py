@@ -4,8 +4,10 @@ The oracle holds, on every rank at once, the fp64 truth of its reference layout 
 the experts' weights upcast, four times a bf16 layer's bytes, at that layout's split. Its bf16 runs hold the layer at
 each run layout's split (EP 1: every expert on every rank). On one 80 GB H100 shared by four ranks the seed layer's
 truth at EP 4 (16.0 GiB of fp64 weights a rank) ran out of memory with the ranks holding 21.9-22.0 GiB each
-(`HELD_OVER_WEIGHTS`), so a run there sizes notebook 08's layer (`oracle.ffn_hidden`): the experts' ffn width halved
-until the rule says it fits, the rest of the layer the profile's. The index says what was cut and why."""
+(`HELD_OVER_WEIGHTS`), so there notebook 08's case takes a narrower layer: the experts' ffn width halved until the
+rule says it fits, the rest of the layer the profile's (`experiment.cases`, wherever 08 runs: a run of every notebook,
+08 alone, a notebook kernel; `oracle.ffn_hidden` given, it is not sized). The record keeps the sizing (`memory`) and
+the findings say it."""
 
 from __future__ import annotations
 
@@ -58,19 +60,19 @@ class OracleSizing:
         if self.ffn_hidden is None:
             if self.need_gib <= self.share_gib:
                 return ""
-            return (f"notebook 08's layer takes about {self.need_gib:.1f} GiB a rank (its fp64 truth and layouts), more "
+            return (f"the layer takes about {self.need_gib:.1f} GiB a rank here (its fp64 truth and layouts), more "
                     f"than each rank's {self.share_gib:.1f} GiB share of this GPU, and its expert ffn "
                     f"({self.profile_ffn}) cannot be halved further: it may run out of memory (fewer ranks per GPU, "
                     f"or a GPU with more memory)")
-        head = (f"notebook 08 ran its layer with expert ffn {self.ffn_hidden}, not the profile's {self.profile_ffn}: "
-                f"its fp64 truth and layouts take about {self.need_gib:.1f} GiB a rank at the profile's width, and "
-                f"each rank's share of this GPU is {self.share_gib:.1f} GiB")
+        head = (f"sized to this GPU: expert ffn {self.ffn_hidden}, not the profile's {self.profile_ffn} — at "
+                f"{self.profile_ffn} the fp64 truth and layouts take about {self.need_gib:.1f} GiB a rank, and each "
+                f"rank's share of this GPU is {self.share_gib:.1f} GiB")
         if self.sized_need_gib is not None and self.sized_need_gib > self.share_gib:
             return (f"{head}; even at ffn {self.ffn_hidden} it takes about {self.sized_need_gib:.1f} GiB, so it may "
                     f"run out of memory (fewer ranks per GPU or a GPU with more memory)")
         return (f"{head} ({self.sized_need_gib:.1f} GiB at ffn {self.ffn_hidden}; rule: the largest fp64 truth or "
-                f"bf16 layout a rank holds x {HELD_OVER_WEIGHTS}, measured on an H100). Every other notebook ran "
-                f"the profile's layer; -p oracle.ffn_hidden=N sets it")
+                f"bf16 layout a rank holds x {HELD_OVER_WEIGHTS}, measured on an H100; -p oracle.ffn_hidden=N "
+                f"sets the width)")
 
 
 def size(layer, params, world: int, share_gib: float) -> OracleSizing:

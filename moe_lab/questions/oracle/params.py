@@ -34,8 +34,8 @@ class OracleParams(Section):
     """One step's gradients and the first K training steps against fp64 (`gradients_params`; the profile's
     `"oracle": {"training": {...}}`)."""
     ffn_hidden: int = 0
-    """The experts' ffn width of the oracle's layer; 0: the profile's. A run on ranks sharing one GPU sets it where
-    the profile's layer would not fit (`memory.size`), and its index says so."""
+    """The experts' ffn width of the oracle's layer; 0: the profile's, narrowed where ranks share a GPU it would not
+    fit (`memory.size`; the record and the findings say so). Given, the layer is not sized."""
     trials: int = 0
     """Runs of each layout on each dispatcher (the reruns); 0: the profile's `trials`. Each run's error statistics
     are measured over every element, where the layer ran (`rule_torch`: on a GPU, sorted there)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...records import Body
+from ...records import ABSENT, Body
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class OracleRecord(Body):
     fp64_layouts: dict
     """Per layout: its own fp64 truth against the reference's (max abs, max rel, routing equal)."""
     truth: dict
+    memory: dict = ABSENT
+    """Where the layer was sized to the GPU the ranks share (`memory.OracleSizing`: each rank's share, what the
+    profile's layer needs, the ffn width run); absent where it ran the profile's layer unsized."""
 
 
 __all__ = ["OracleRecord"]
