@@ -234,14 +234,35 @@ def test_a_fault_that_drops_tokens_at_near_ties_is_caught_by_the_count_and_not_w
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bias=st.dictionaries(st.sampled_from(LAYOUTS), st.sampled_from([0, 0, 1, 4])),
-       swap=st.sampled_from([0, 2, 40]), dropped=st.sampled_from([None, 0, 3]))
-def test_the_words_follow_the_rules_verdicts(reorderings, bias, swap, dropped):
+       swap=st.sampled_from([0, 2, 40]), dropped=st.sampled_from([None, 0, 3]),
+       share_gib=st.sampled_from([None, 34.9, 19.9, 5.0, 0.05]))
+def test_the_words_follow_the_rules_verdicts(reorderings, bias, swap, dropped, share_gib):
     """Whatever the runs measure, the card's status and words are the rule's verdicts run by run: a layout out of
-    band is named (FAIL), a control in band is said not caught (MIXED), otherwise expected (PASS)."""
+    band is named (FAIL), a control in band is said not caught (MIXED), otherwise expected (PASS). A layer sized to
+    the GPU (`memory`) is said with its width, and changes no verdict."""
+    import dataclasses
+
+    from moe_lab import profiles
+    from moe_lab.questions.oracle import memory
+    from moe_lab.questions.oracle.params import OracleParams
+
     counts = None if dropped is None else {"allgather ep4 + swap_experts": dropped}
     rec = _story(reorderings, layout_bias=bias, fault_ulps={"swap_experts": swap, "scale_expert": 0}, counts=counts)
+    unsized = next(f for f in found.findings([rec]) if f.question == found.QUESTION)
+    sizing = None
+    if share_gib is not None:
+        gpu = profiles.load("gpu")
+        sizing = memory.size(gpu.layer, gpu.params(OracleParams), 4, share_gib)
+        if sizing.words():
+            rec["memory"] = dataclasses.asdict(sizing)
     verdicts = found.judged(rec)
     card = next(f for f in found.findings([rec]) if f.question == found.QUESTION)
+    assert card.status == unsized.status and card.short == unsized.short
+    if sizing is not None and sizing.ffn_hidden:
+        assert f"sized to this GPU: expert ffn {sizing.ffn_hidden}, not the profile's 16384" in card.claim
+        assert ("may run out of memory" in card.claim) == (sizing.sized_need_gib > share_gib)
+    else:
+        assert "sized to this GPU" not in card.claim and "may run out of memory" not in card.claim
     bad = sorted({r["layout"] for r in rec["runs"] if not r["fault"] and not verdicts[r["label"]].in_band})
     swap_caught = not verdicts["allgather ep4 + swap_experts"].in_band
     if bad:
