@@ -147,24 +147,9 @@ def default_config(device: str | None = None, engines: int | None = None, *, gpu
 def gpu_free_bytes(n: int) -> list[int]:
     """Free memory of the first `n` GPUs, bytes: NVML's Python binding, else `nvidia-smi`, else torch (a CUDA
     context on each GPU, made by the controller before any engine: seconds on a cold start, and memory held)."""
-    import os
-
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    idx = [int(x) for x in vis.split(",") if x.strip().isdigit()][:n] if vis else list(range(n))
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            if len(idx) == n:
-                return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free) for i in idx]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML binding: the driver's own tool
-        pass
-    free = _smi_bytes("memory.free")
-    if len(idx) == n and free and all(i in free for i in idx):
-        return [free[i] for i in idx]
+    got = _driver_bytes(n, "free")
+    if got is not None:
+        return got
     import torch
 
     return [int(torch.cuda.mem_get_info(i)[0]) for i in range(n)]
@@ -173,6 +158,12 @@ def gpu_free_bytes(n: int) -> list[int]:
 def gpu_total_bytes(n: int) -> list[int] | None:
     """Total memory of the first `n` visible GPUs, bytes (NVML's Python binding, else `nvidia-smi`); None where
     neither says (no torch here: a cold command must not make a CUDA context for it)."""
+    return _driver_bytes(n, "total")
+
+
+def _driver_bytes(n: int, field: str) -> list[int] | None:
+    """`field` ('free', 'total') of the first `n` visible GPUs' memory, bytes, as the driver says it: NVML's Python
+    binding, else `nvidia-smi`; None where neither does (or CUDA_VISIBLE_DEVICES names fewer than `n`)."""
     import os
 
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -184,13 +175,14 @@ def gpu_total_bytes(n: int) -> list[int] | None:
 
         pynvml.nvmlInit()
         try:
-            return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total) for i in idx]
+            return [int(getattr(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)), field))
+                    for i in idx]
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML binding: the driver's own tool
         pass
-    total = _smi_bytes("memory.total")
-    return [total[i] for i in idx] if total and all(i in total for i in idx) else None
+    got = _smi_bytes(f"memory.{field}")
+    return [got[i] for i in idx] if got and all(i in got for i in idx) else None
 
 
 def _smi_bytes(field: str) -> dict[int, int] | None:
