@@ -48,10 +48,12 @@ SCALE_EXPONENT = 12
 
 def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, ...] = ("allgather", "alltoall"),
          faults: tuple[str, ...] = tuple(FAULTS), trials: int = 2, reference: str = "ep1",
-         truth_layouts: tuple[str, ...] | None = None, release: str = "installed", cut: int = 90) -> Case:
+         truth_layouts: tuple[str, ...] | None = None, release: str = "installed", cut: int = 90,
+         memory: dict | None = None) -> Case:
     """The oracle of `base`: every dispatcher x layout of `layouts` `trials` times, every dispatcher x fault of
     `faults` once, against the fp64 truth of `reference`'s weights (`base.dispatcher`'s layer); the fp64 truth of
-    each of `truth_layouts` (default: every layout) against the reference's."""
+    each of `truth_layouts` (default: every layout) against the reference's. `memory`: how `base` was sized to the
+    GPU (`memory.OracleSizing` as a dict), kept in the record."""
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         raise ValueError(f"faults {unknown} unknown; the faults are {', '.join(FAULTS)}")
@@ -62,7 +64,8 @@ def case(base: MoEConfig, layouts: tuple[str, ...], *, dispatchers: tuple[str, .
     return Case(experiment=NAME, moe=base, kind="oracle", release=release, cut=cut,
                 knobs=dict(layouts=list(layouts), dispatchers=list(dispatchers), faults=list(faults), trials=trials,
                            reference=reference, fault_layouts={f: FAULTS[f] for f in faults},
-                           **({} if truth_layouts is None else {"truth_layouts": list(truth_layouts)})),
+                           **({} if truth_layouts is None else {"truth_layouts": list(truth_layouts)}),
+                           **({} if memory is None else {"memory": memory})),
                 label=f"{'/'.join(dispatchers)} x {len(layouts)} layouts x {trials}, {len(faults)} faults vs fp64")
 
 
@@ -84,13 +87,10 @@ def cases(config: RunConfig) -> list[Case]:
             Layout.parse(spec).on(world).check_layer(base)
         except ValueError as e:
             raise ValueError(f"oracle layout {spec!r} on {world} ranks: {e}") from None
-    (c,) = [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
+    return [case(base.replace(dispatcher=config.run.dispatchers[0]), p.layouts,
                  dispatchers=tuple(config.run.dispatchers), faults=p.faults, trials=p.runs(config.run.trials),
                  reference=p.reference, truth_layouts=p.truth_layouts or None, release=config.release,
-                 cut=config.run.cut)]
-    if sizing is not None and sizing.words():
-        c.knobs["memory"] = dataclasses.asdict(sizing)
-    return [c]
+                 cut=config.run.cut, memory=dataclasses.asdict(sizing) if sizing and sizing.words() else None)]
 
 
 def _sized_to_the_gpu(layer, p, ccfg):
