@@ -100,7 +100,7 @@ def _sized_to_the_gpu(layer, p, ccfg):
     from ...controller.placement import gpu_total_bytes
     from . import memory
 
-    if ccfg.device != "cuda" or getattr(ccfg, "ranks_per_gpu", 1) <= 1 or p.ffn_hidden:
+    if ccfg.device != "cuda" or ccfg.ranks_per_gpu <= 1 or p.ffn_hidden:
         return None
     gpus = max(1, ccfg.engines // ccfg.ranks_per_gpu)
     total = gpu_total_bytes(gpus)
@@ -140,15 +140,14 @@ def _fp64_twin(layer, cfg, layout, *, consume: bool = False):
     lay = layer_mod.parallel_state_for(layout)
     twin = compat.build_moe_layer(cfg.replace(dtype="fp32"), lay, device="cpu")
     src = dict(layer.named_parameters())
-    cuda = any(p.is_cuda for p in src.values())
+    device = next(iter(src.values())).device
     with torch.no_grad():
         for name, p in twin.named_parameters():
             p.data = src[name].detach().to(torch.float64)
             if consume:
                 src[name].data = src[name].data.new_empty(0)
-                if cuda:
+                if device.type == "cuda":
                     torch.cuda.empty_cache()
-        device = next(iter(src.values())).device
         twin = twin.to(device=device, dtype=torch.float64)  # what is left: the buffers
         bias, tb = getattr(layer.router, "expert_bias", None), getattr(twin.router, "expert_bias", None)
         if bias is not None and tb is not None:
