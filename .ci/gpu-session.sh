@@ -10,7 +10,7 @@
 #        report:NN[+NN...], bench, capture
 #        (default: pytest,probe). Other megatron-core releases for notebook 03 come from .whl/releases.
 # REPORT_DIR: where report steps write (default OUTDIR/report; a report folder of the tree continues it);
-# it is packed into OUTDIR/report.tgz.0, .1, ... at the end. REPORT_TIMEOUT: see the report step. MOE_LAB_COMMIT: the commit of the tree.
+# it is packed into OUTDIR/report.tgz.0, .1, ... at the end. REPORT_TIMEOUT / REPORT_UNTIL: see the report step. MOE_LAB_COMMIT: the commit of the tree.
 set -uo pipefail
 OUT=${1:?output dir}; STEPS=${2:-pytest,probe}
 mkdir -p "$OUT"
@@ -22,7 +22,6 @@ export MOE_LAB_CACHE=${MOE_LAB_CACHE:-/tmp/moe_lab_cache} MOE_LAB_RELEASES=$PWD/
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi -L | tee "$OUT/env.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$OUT/env.txt"
-python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), 'megatron-core', m.__version__)" 2>&1 | grep -v Warn | tee -a "$OUT/env.txt"
 # pip compiles what it installs; this node's torch ships no bytecode and PYTHONDONTWRITEBYTECODE is set, so every
 # process compiled torch again (moe_lab/bytecode.py). Where the lab's bytecode tree applies, fill it here once, as a
 # pip install would have: set-up, not the commands' time. BYTECODE_FILL=0 leaves it to the first command.
@@ -30,6 +29,9 @@ if [[ ${BYTECODE_FILL:-1} == 1 ]]; then
   python3 -c "from moe_lab import bytecode; f = bytecode.fill(); f and print(f'bytecode tree filled in {f[\"seconds\"]} s (set-up): {f[\"folder\"]}')" \
     2>&1 | tee -a "$OUT/env.txt"
 fi
+# After the fill, so that this import reads the tree's bytecode rather than compiling torch once more (~10 s there).
+tree="$MOE_LAB_CACHE/bytecode"; [[ -d $tree ]] || tree=""
+PYTHONPYCACHEPREFIX=${tree:-${PYTHONPYCACHEPREFIX:-}} python3 -c "import torch, megatron.core as m; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), 'megatron-core', m.__version__)" 2>&1 | grep -v Warn | tee -a "$OUT/env.txt"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 quiet() { grep -v "warnings.warn(\|Warning: \|UserWarning\|DeprecationWarning"; }
 has pytest && { python3 -m pytest -m gpu ${PYTEST_FILES:-tests/gpu} -q -p no:cacheprovider -s --timeout=900 2>&1 | quiet \
@@ -61,8 +63,10 @@ for step in ${STEPS//,/ }; do
     only=${step#report:}; only=${only//+/,}
     start=$(date +%s)
     wheels=(); [[ -d .whl/releases ]] && wheels=(-p wheels="$PWD/.whl/releases")
-    # REPORT_TIMEOUT: seconds before the run is interrupted as Ctrl-C would (it keeps what finished, and its index)
-    timeout --signal=INT --kill-after=30 "${REPORT_TIMEOUT:-0}" python3 -m moe_lab.cli run --profile gpu --only "$only" \
+    # REPORT_TIMEOUT: seconds before the run is interrupted as Ctrl-C would (it keeps what finished, and its index);
+    # REPORT_UNTIL (epoch seconds) instead: interrupted then, whatever the set-up took.
+    limit=${REPORT_TIMEOUT:-0}; [[ -n ${REPORT_UNTIL:-} ]] && limit=$(( REPORT_UNTIL - $(date +%s) ))
+    timeout --signal=INT --kill-after=30 "$limit" python3 -m moe_lab.cli run --profile gpu --only "$only" \
       --out "$REPORT_DIR" "${wheels[@]}" ${REPORT_ARGS:-} 2>&1 | quiet > "$OUT/report-${only//,/-}.log"
     tail -8 "$OUT/report-${only//,/-}.log"
     echo "report $only: $(( $(date +%s) - start )) s" | tee -a "$OUT/report-${only//,/-}.log"
