@@ -37,6 +37,50 @@ def median_ci(xs: list[float], level: float = LEVEL) -> tuple[float, float]:
     return (s[k - 1], s[n - k])
 
 
+def interval_confidence(n: int, level: float = LEVEL) -> float | None:
+    """The confidence `median_ci` gives its interval of the median of `n` values: at least `level` from n = 6 at
+    95 %; below that it is (min, max), whose confidence is 1 - 2 / 2**n (93.75 % for 5 rounds, 75 % for 3). None for
+    n < 2."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+        return None
+    alpha = (1 - level) / 2
+    k, cdf = 0, 0.0
+    for j in range(n):
+        cdf += math.comb(n, j) / 2**n
+        if cdf > alpha:
+            break
+        k = j + 1
+    tail = sum(math.comb(n, j) for j in range(max(k, 1))) / 2**n  # P(B < k), at least P(B = 0) for (min, max)
+    return 1 - 2 * tail
+
+
+def interval_words(ci, rounds, level: float = LEVEL) -> str:
+    """An interval of a median ratio worded by what it is: '95 % CI 1.03–1.12' where its rounds give that
+    confidence, 'min–max of 3 rounds, a 75 % interval: 1.03–1.12' where too few rounds do, and 'interval 1.03–1.12'
+    where the rounds were not recorded."""
+    span = f"{ci[0]:.2f}–{ci[1]:.2f}"
+    conf = interval_confidence(rounds, level) if isinstance(rounds, int) else None
+    if conf is None:
+        return f"interval {span}"
+    if conf >= level - 1e-12:
+        return f"{level:.0%} CI {span}".replace("%", " %")
+    return f"min–max of {rounds} rounds, a {conf * 100:.4g} % interval: {span}"
+
+
+def interval_name(rounds) -> str:
+    """What the intervals of several costs are, for a figure's title or a table's header: '95 % CI' where every
+    cost's rounds give that confidence, 'min–max of 5 rounds, a 93.75 % interval' where they all have the same few
+    rounds, 'interval (95 % CI from 6 rounds, min–max below)' where they differ or are not recorded."""
+    ns = {n for n in rounds}
+    confs = {interval_confidence(n) if isinstance(n, int) else None for n in ns}
+    if ns and None not in confs and min(confs) >= LEVEL - 1e-12:
+        return f"{LEVEL:.0%} CI".replace("%", " %")
+    if len(ns) == 1 and None not in confs:
+        (n,), (c,) = ns, confs
+        return f"min–max of {n} rounds, a {c * 100:.4g} % interval"
+    return f"interval ({LEVEL:.0%} CI from 6 rounds, min–max below)".replace("%", " %")
+
+
 def slowest(per_rank: list[list[float]]) -> list[float]:
     """Per round, the slowest rank's time: a collective forward is as slow as its slowest rank."""
     return [max(r[i] for r in per_rank) for i in range(min(len(r) for r in per_rank))]
@@ -182,11 +226,11 @@ def measurable(cost: dict, floor: dict | None) -> bool | None:
 
 
 def describe(cost: dict, floor: dict | None = None) -> str:
-    """'1.08x (95 % CI 1.03–1.12)', with the words of where the interval lies against the noise floor
+    """'1.08x (95 % CI 1.03–1.12)' (`interval_words`: the interval's own confidence where its rounds are few), with the words of where the interval lies against the noise floor
     (`against_floor`: inside it, overlapping it, or below it)."""
     if not cost or cost.get("ratio") is None:
         return "n/a"
-    text = f"{cost['ratio']:.2f}x (95 % CI {cost['ci'][0]:.2f}–{cost['ci'][1]:.2f})"
+    text = f"{cost['ratio']:.2f}x ({interval_words(cost['ci'], cost.get('rounds'))})"
     rel = against_floor(cost.get("ci"), (floor or {}).get("ci"))
     if rel in FLOOR_WORDS:
         text += ", " + FLOOR_WORDS[rel]
@@ -194,5 +238,5 @@ def describe(cost: dict, floor: dict | None = None) -> str:
 
 
 __all__ = ["median_ci", "slowest", "paired", "paired_cost", "collective_share", "placement", "headline_cost",
-           "figure", "measurable", "against_floor", "describe", "LEVEL", "TRANSPORT_BOUND", "INSIDE", "OVERLAPS",
+           "figure", "measurable", "interval_confidence", "interval_words", "interval_name", "against_floor", "describe", "LEVEL", "TRANSPORT_BOUND", "INSIDE", "OVERLAPS",
            "ABOVE", "BELOW", "FLOOR_WORDS"]

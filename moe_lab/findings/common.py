@@ -168,7 +168,7 @@ def choice_text(ch: dict, costs: dict[str, Cost | None]) -> str:
         return ("at no measurable cost (interval inside the A/A noise floor): " + "; ".join(one(n) for n in ch["tied"])
                 + (f" — tied; the one with fewest changes named: {ch['name']}" if len(ch["tied"]) > 1 else ""))
     if ch["basis"] == "tied":
-        return (f"tied on cost (95 % intervals overlap, not ranked): {'; '.join(one(n) for n in ch['tied'])} — "
+        return (f"tied on cost (their intervals overlap, not ranked): {'; '.join(one(n) for n in ch['tied'])} — "
                 f"the one with fewest changes named: {ch['name']}")
     if ch["basis"] == "cheapest":
         return f"cheapest, resolved from the others: {one(ch['name'])}"

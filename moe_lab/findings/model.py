@@ -83,7 +83,7 @@ class Cost:
     def text(self) -> str:
         if not self.valid:
             return f"cost invalid (ratio {self.ratio!r}): not ranked"
-        s = f"{self.ratio:.2f}x (95 % CI {self.ci[0]:.2f}–{self.ci[1]:.2f})"
+        s = f"{self.ratio:.2f}x ({stats.interval_words(self.ci, self.rounds or None)})"
         if self.figure == "compute":
             s = f"{s} in compute (transport-bound: collectives {self.collective_share:.0%} of the plain forward"
             s += f"; wall {self.wall_ratio:.2f}x)" if isinstance(self.wall_ratio, (int, float)) else ")"

@@ -37,9 +37,13 @@ def test_a_cost_overlapping_the_noise_floor_is_not_resolved():
     assert stats.measurable({"ratio": 1.03, "ci": [0.99, 1.08]}, floor) is False
     assert stats.measurable({"ratio": 1.9, "ci": [1.8, 2.1]}, floor) is True
     assert stats.measurable({"ratio": 1.9, "ci": [1.8, 2.1]}, None) is None
-    assert stats.describe({"ratio": 1.02, "ci": [0.99, 1.05]}, floor) == \
+    assert stats.describe({"ratio": 1.02, "ci": [0.99, 1.05], "rounds": 7}, floor) == \
         "1.02x (95 % CI 0.99–1.05), no measurable cost (interval inside the A/A noise floor)"
-    assert stats.describe({"ratio": 1.9, "ci": [1.8, 2.1]}, floor) == "1.90x (95 % CI 1.80–2.10)"
+    assert stats.describe({"ratio": 1.9, "ci": [1.8, 2.1], "rounds": 9}, floor) == "1.90x (95 % CI 1.80–2.10)"
+    # too few rounds for 95 %: the interval is their min–max, worded with its own confidence
+    assert stats.describe({"ratio": 1.9, "ci": [1.8, 2.1], "rounds": 3}, floor) == \
+        "1.90x (min–max of 3 rounds, a 75 % interval: 1.80–2.10)"
+    assert stats.describe({"ratio": 1.9, "ci": [1.8, 2.1]}, floor) == "1.90x (interval 1.80–2.10)"
     assert stats.describe(None) == "n/a"
 
 
@@ -159,3 +163,28 @@ def test_placement_in_words():
     assert stats.placement(1, 1, "nccl", "cuda") == "one rank on one GPU over NCCL"
     assert stats.placement(4, None, "gloo", "cpu") == "4 CPU engines over gloo"
     assert stats.placement() is None
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 9, 12])
+def test_the_intervals_confidence_is_what_median_ci_covers(n):
+    """The confidence a cost's words give its interval is the interval's coverage of the true median, counted over
+    draws of n values from a continuous distribution (its median 0): min–max below 6 values, order statistics from
+    there. A label of 95 % on 5 rounds would fail here (93.75 %)."""
+    import random
+
+    rng = random.Random(n)
+    draws = 20000
+    covered = sum(lo <= 0.0 <= hi for lo, hi in (stats.median_ci([rng.gauss(0, 1) for _ in range(n)])
+                                                  for _ in range(draws)))
+    conf = stats.interval_confidence(n)
+    assert covered / draws == pytest.approx(conf, abs=0.012)
+    assert (conf >= 0.95) == (n >= 6)
+    assert stats.interval_words([1.0, 1.2], n).startswith("95 % CI" if n >= 6 else f"min–max of {n} rounds, a ")
+
+
+def test_a_figures_interval_name_says_what_its_costs_intervals_are():
+    assert stats.interval_name([7, 9]) == "95 % CI"
+    assert stats.interval_name([5, 5]) == "min–max of 5 rounds, a 93.75 % interval"
+    assert stats.interval_name([3]) == "min–max of 3 rounds, a 75 % interval"
+    for mixed in ([3, 7], [5, None], []):  # rounds that differ or were not recorded: no single confidence to name
+        assert stats.interval_name(mixed) == "interval (95 % CI from 6 rounds, min–max below)"

@@ -9,6 +9,7 @@ import seaborn as sns
 
 from ...findings.labels import FWD_CMPS, GRAD_CMPS
 from .findings import frac
+from ... import stats
 from ...reporting.plots import NEUTRAL, TEXT_PT, ZERO_WORDS, colours, count_words, describe, heatmap_words, \
     message, stage_heatmap, zero_aware_heatmap
 
@@ -141,7 +142,7 @@ def depth_growth(records: list[dict]):
 
 
 def cost_bars(records: list[dict], ax=None):
-    """Forward+backward step time of each setting relative to the plain step (paired rounds, 95 % interval)."""
+    """Forward+backward step time of each setting relative to the plain step (paired rounds, the median with its interval: `stats.interval_name`)."""
     back = [r for r in records if r.get("kind") == "backward" and r.get("cost")]
     if not back:
         return message("no cost measured", ax)
@@ -159,9 +160,10 @@ def cost_bars(records: list[dict], ax=None):
     ax.axhline(1.0, color=NEUTRAL, lw=0.8, ls="--")
     ax.set_ylabel("step time / plain step")
     ax.legend(fontsize=TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    ax.set_title("Cost of a forward+backward step (median of paired rounds, 95 % CI; plain = A/A noise floor)")
+    ci = stats.interval_name(x["cost"].get("rounds") for x in back)
+    ax.set_title(f"Cost of a forward+backward step (median of paired rounds, {ci}; plain = A/A noise floor)")
     slow = max(back, key=lambda r: r["cost"]["ratio"])
     describe(ax, f"Bar chart: forward+backward step time of each setting ({len(settings)}) relative to the plain "
-                 f"step, per dispatcher ({', '.join(disps)}), median with 95 % interval; slowest "
+                 f"step, per dispatcher ({', '.join(disps)}), median with its {ci}; slowest "
                  f"{slow['cost']['ratio']:.2f}× ({slow['dispatcher']}, {slow['setting']})")
     return ax

@@ -114,7 +114,7 @@ def records(case: Case, per_rank: list[dict], record_type=PromotionRecord) -> li
 
 def cost_table(records: list[dict]):
     """Cost of every cell relative to the plain bf16 forward of the same release and dispatcher (paired rounds):
-    `relative_time` (median ratio), its 95 % interval, and where that interval lies against the A/A noise floor
+    `relative_time` (median ratio), its interval (`ci_low`, `ci_high` over `rounds`), and where that interval lies against the A/A noise floor
     (`vs_noise_floor`: inside, overlaps, above, below — `stats.against_floor`)."""
     import pandas as pd
 
@@ -126,6 +126,7 @@ def cost_table(records: list[dict]):
         rows.append({**{k: r[k] for k in ("megatron_core", "dispatcher", "router_dtype", "probs_fp32_gather",
                                           "deterministic")},
                      "relative_time": r["cost"]["ratio"], "ci_low": r["cost"]["ci"][0], "ci_high": r["cost"]["ci"][1],
+                     "rounds": r["cost"].get("rounds"),
                      "vs_noise_floor": (stats.against_floor(r["cost"].get("ci"), (floor or {}).get("ci"))
                                         if not is_plain(r) else None),
                      "t_forward_ms": 1e3 * r["cost"]["t_with_s"], "setting": remedy_name(r)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ... import stats
 from ...reporting.plots import NEUTRAL, TEXT_PT, ZERO_WORDS, colours, describe, fraction_words, heatmap_words, \
     message, zero_aware_heatmap
 
@@ -43,7 +44,7 @@ def sweep_heatmap(records: list[dict], metric: str = "cross_rank", ax=None, by: 
 
 def cost_bars(cost_df: pd.DataFrame, ax=None):
     """Forward time of each setting relative to the plain bf16 forward (same release and dispatcher), from paired
-    rounds: the median ratio with its 95 % interval; the plain cell is the A/A noise floor."""
+    rounds: the median ratio with its interval (`stats.interval_name`); the plain cell is the A/A noise floor."""
     df = cost_df.copy()
     ax = ax or plt.subplots(figsize=(11, 4))[1]
     if df.empty:
@@ -64,10 +65,11 @@ def cost_bars(cost_df: pd.DataFrame, ax=None):
     ax.axhline(1.0, color=NEUTRAL, lw=0.8, ls="--")
     ax.set_ylabel("forward time / plain bf16 forward")
     ax.legend(fontsize=TEXT_PT, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    ax.set_title("Cost of each setting: median of paired rounds, 95 % interval (router none = A/A noise floor)")
+    ci = stats.interval_name(df["rounds"]) if "rounds" in df else stats.interval_name([])
+    ax.set_title(f"Cost of each setting: median of paired rounds, {ci} (router none = A/A noise floor)")
     hi = df.loc[df["relative_time"].idxmax()]
     describe(ax, f"Bar chart: forward time of each setting ({len(settings)}) relative to the plain bf16 forward, per "
-                 f"release and dispatcher ({len(groups)}), median with 95 % interval; slowest "
+                 f"release and dispatcher ({len(groups)}), median with its {ci}; slowest "
                  f"{hi['relative_time']:.2f}× "
                  f"({hi['setting']}, {hi['release / dispatcher']})")
     return ax

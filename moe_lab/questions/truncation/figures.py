@@ -9,6 +9,7 @@ import pandas as pd
 import seaborn as sns
 
 from ...findings.labels import label
+from ... import stats
 from ...reporting.plots import FAIL, NEUTRAL, PASS, TEXT_PT, ZERO_WORDS, colours, count_words, describe, \
     heatmap_words, message, zero_aware_heatmap
 
@@ -211,7 +212,8 @@ def remedy_effect_cost(records: list[dict], ax=None):
     ax.set_xlabel("")
     ax.set_ylabel("")
     ax.set_title("Remedies: effect (blue ✓ = first tokens and rerun bitwise equal in every trial, vermillion ✗ = not) "
-                 "and cost\n(× plain forward, 95 % CI; remedy none = A/A noise floor)",
+                 f"and cost\n(× plain forward, {stats.interval_name((r.get('cost') or {}).get('rounds') for r in cs)}; "
+                 "remedy none = A/A noise floor)",
                  fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     ok = df[df["ok"] == 0.0]

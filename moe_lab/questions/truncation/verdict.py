@@ -1,6 +1,6 @@
 """Notebook 04's findings from its records: the summary table and the verdict — reproduction (in k of N trials),
 attribution with its evidence, and the cheapest remedy that holds in every trial. Costs are paired ratios with a
-95 % interval; the no-remedy case of the same setting is the A/A noise floor: a cost is worded by where its interval
+interval (`stats.interval_words`); the no-remedy case of the same setting is the A/A noise floor: a cost is worded by where its interval
 lies against it (`stats.against_floor`: inside it is "no measurable cost"), and remedies are never ranked inside the
 noise. A setting is (world, CUBLAS_WORKSPACE_CONFIG,
 emulation): on GPUs the remedies are measured with the workspace unset and set to ':4096:8'."""
@@ -57,7 +57,7 @@ def summary_table(records: list[dict], remedy: str | None = None):
                      "allclose 1e-3": t["allclose_1e3"],
                      "rerun": "equal" + _trials(rr) if rr["bitwise_equal"] else f"differs{_trials(rr)}",
                      "1 ULP fails allclose at": f"{r['one_ulp_fails_frac']:.1%} of outputs",
-                     "time / plain (95 % CI)": ("A/A noise floor: " if r["remedy"] == "none" else "")
+                     "time / plain (median, interval)": ("A/A noise floor: " if r["remedy"] == "none" else "")
                      + stats.describe(r.get("cost"), floor)})
     df = pd.DataFrame(rows)
     if not df.empty and df["EP"].nunique() == 1:
