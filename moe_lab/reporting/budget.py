@@ -13,9 +13,10 @@ On one GPU shared by the ranks (virtual EP over gloo) the transport decides how 
 collective goes device → host → loopback TCP → host → device, most of a forward (docs/bench.md). So a gpu-profile run
 there first times a plain forward of the profile's layer on the shared cluster (`measure_forward_on_engines`), scales
 each notebook's cases from `VIRTUAL_EP_CALIBRATION` (one H200's whole-profile run) by it, and, where the prediction is
-over `GPU_BUDGET_S`, cuts what `VIRTUAL_EP_STEPS` allows: notebook 06's training steps (not the tokens per forward,
-which changed an answer). A cut's saving comes from the calibration run's own records (`STEPS_FIXED_SHARE`,
-`TOKENS_FIXED_SHARE`): the part of a case that does not shrink with the work.
+over `GPU_BUDGET_S`, cuts what `VIRTUAL_EP_STEPS` allows, in turn: notebook 06's training steps, every cost's paired
+rounds, 06's steps again (not the tokens per forward, which changed an answer). A cut's saving comes from the
+calibration run's own records (`STEPS_FIXED_SHARE`, `TOKENS_FIXED_SHARE`, the notebooks' `cost_share`): the part of
+a case that does not shrink with the work.
 
 Torch-free: the measurements run on engines (`engine.kernels.gemm_ms`, `engine.toolkit.time_forward`), this module
 only does the arithmetic.
@@ -64,6 +65,7 @@ VIRTUAL_EP_CALIBRATION = {
     "notebooks": {"01": 43.6, "02": 9.0, "03": 70.0, "04": 97.9, "05": 188.1, "06": 187.4, "07": 103.4, "08": 35.7,
                   "09": 21.2},
     "speed_fixed_share": 0.365,
+    "cost_share": {"03": 0.282, "04": 0.529, "05": 0.165, "06": 0.009, "07": 0.275},
 }
 """The calibration run on virtual EP. `forward_ms`: its plain forward of the profile's layer (notebook 09's allgather
 case at 1024 tokens, router dtype none: the median of its trials' forwards, slowest rank); `notebooks`: the sum of each
@@ -73,7 +75,11 @@ figures and pages not hidden behind the other notebook, and 99 s of engines idle
 `speed_fixed_share`: the part of a case's time that does not follow the measured forward's speed, fitted on the first
 sized run on another machine (reports/published/gpu-h100x1-2026-12-05-sized: one H100, a 94 ms forward, 12 steps and
 512 tokens): its seven finished notebooks' cases took 254.3 s where scaling whole cases by the forward's speed (0.589)
-predicted 202.7 s; the share that stays at the calibration's pace solves 0.739 = share + (1 - share) x 0.589."""
+predicted 202.7 s; the share that stays at the calibration's pace solves 0.739 = share + (1 - share) x 0.589.
+`cost_share`: the part of each notebook's cases its paired cost rounds took in the calibration run (its records: each
+cost's rounds + 1 warm-up x the median seconds of the fns a round runs; barriers and syncs between them not counted,
+so the share is low and a cut of the rounds is predicted to save less than it does). One H100's records at e032c6d
+gave 0.28, 0.51, 0.16 and 0.016 for 03-06."""
 
 TOKENS_FIXED_SHARE = 0.31
 """The part of a seed-layer case that does not shrink with the tokens per forward: notebook 09's cases of the
@@ -86,19 +92,29 @@ STEPS_FIXED_SHARE = 0.26
 (0.26) does not scale with the layers' work; the per-step work it holds scales with the steps too, so this overstates
 what a halving keeps, and the prediction errs long."""
 
-VIRTUAL_EP_STEPS = (("training.steps", 2),)
-"""The cuts on virtual EP: notebook 06's steps halved (its runs part after step 1 in every published report, at 12
-steps as at 25). The tokens per forward are not cut, though they set most of a case's transport: on one H100 the
+VIRTUAL_EP_STEPS = (("training.steps", 2), ("cost_rounds", 3), ("training.steps", 2))
+"""The cuts on virtual EP, in turn: notebook 06's steps halved (its runs part after step 1 in every published report,
+at 12 steps as at 25); every cost's paired rounds down to 3 (`COST_ROUND_KEYS`: on virtual EP a cost is mostly gloo's
+transport — `stats.headline_cost` reads its compute figure —, and a cost's words give its interval the confidence its
+rounds do, 75 % for 3: `stats.interval_words`); 06's steps halved again (6 of 25: still past the step the runs part). The tokens per forward are not cut, though they set most of a case's transport: on one H100 the
 allgather dispatcher's answer at 512 tokens (run-to-run nondeterminism besides the EP order, the first divergent stage
 inside one rank, combine.pre; reports/published/gpu-h100x1-2026-12-05-sized) is not the one at the profile's 1024 on
 the same kind of GPU (the EP order alone, first at the bf16 reduce-scatter; reports/published/gpu-h100x1-2026-12-05):
 a smaller case that does not show the same effect. `TOKENS_FIXED_SHARE` stays for the prediction of that run."""
 
+COST_ROUND_KEYS = ("cost_rounds", "training.cost_rounds", "presets.cost_rounds")
+"""The profile keys of paired cost rounds the ("cost_rounds", n) cut sets: the questions' own, 06's and 07's."""
+
+ROUNDS_KEY = {"06": "training.cost_rounds", "07": "presets.cost_rounds"}
+"""Which of `COST_ROUND_KEYS` sets a notebook's cost rounds (the others: "cost_rounds")."""
+
 TOKENS_SCALED = ("01", "02", "03", "04", "05", "07", "08", "09")
 """The notebooks whose cases run the profile's layer at its tokens per forward (06 runs its training preset)."""
 
-GPU_BUDGET_S = 600.0
-"""The gpu profile's budget for a run on one GPU shared by its ranks (the command's start to its end)."""
+GPU_BUDGET_S = 570.0
+"""The gpu profile's budget for a run on one GPU shared by its ranks (the command's start to its end): the goal of
+10 minutes less 5 %, the prediction's error from one H100 to another (it ran ~4 % short of a run on one, ~8 % over
+a run on another: docs/bench.md, 'Fifteenth pass')."""
 
 
 @dataclass(frozen=True)
@@ -218,44 +234,60 @@ class VirtualEpSizing(_Outcome):
 
 
 def predict_virtual_ep(forward_ms: float, notebooks, calibration: dict = VIRTUAL_EP_CALIBRATION, *,
-                       tokens: float = 1.0, steps: float = 1.0) -> float:
+                       tokens: float = 1.0, steps: float = 1.0, rounds: dict | None = None) -> float:
     """Seconds for a run of `notebooks` on virtual EP whose plain forward takes `forward_ms`, at `tokens` and `steps`
-    times the profile's: the calibration run's start, and each notebook's cases scaled by the forward's speed (all but
-    their `speed_fixed_share`), their part that shrinks with the work (1 - the fixed share) scaled by it."""
+    times the profile's, and `rounds` (notebook → the fraction of its cost rounds' time kept; 1 where not given): the
+    calibration run's start, and each notebook's cases scaled by the forward's speed (all but their
+    `speed_fixed_share`), their part that shrinks with the work (1 - the fixed share) scaled by it, and the cost
+    rounds' part of what is left (`cost_share`) by `rounds`."""
     fixed_speed = calibration.get("speed_fixed_share", 0.0)
     speed = fixed_speed + (1 - fixed_speed) * forward_ms / calibration["forward_ms"]
     total = float(calibration.get("start_s", 0.0))
+    shares = calibration.get("cost_share", {})
     for nb in notebooks:
         t = calibration["notebooks"].get(nb)
         if t is None:
             continue
+        cost = shares.get(nb, 0.0)
         if nb in TOKENS_SCALED:
             work, fixed = tokens, TOKENS_FIXED_SHARE
         elif nb == "06":
             work, fixed = steps, STEPS_FIXED_SHARE
         else:
             work, fixed = 1.0, 1.0
-        total += t * speed * (fixed + (1 - fixed) * work)
+        kept = (rounds or {}).get(nb, 1.0)
+        total += t * speed * (fixed + (1 - fixed) * work) * (1 - cost * (1 - kept))
     return total
 
 
 def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, budget_s: float = GPU_BUDGET_S,
                     calibration: dict = VIRTUAL_EP_CALIBRATION) -> VirtualEpSizing:
-    """The first prefix of `VIRTUAL_EP_STEPS` whose prediction holds `budget_s` (all of them where none does).
-    `layer`: the profile's training.steps."""
+    """The first prefix of `VIRTUAL_EP_STEPS` whose prediction holds `budget_s` (all of them where none does; a cut
+    with nothing to take is passed over). `layer`: the profile's training.steps and the `COST_ROUND_KEYS`' values."""
     if not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise ValueError(f"budget ({budget_s!r}) must be a positive number of seconds (0 turns sizing off)")
     if not (isinstance(forward_ms, (int, float)) and forward_ms > 0):
         raise ValueError(f"the measured forward ({forward_ms!r} ms) must be a positive number")
     full = predict_virtual_ep(forward_ms, notebooks, calibration)
     cur, overrides = dict(layer), {}
-    steps, predicted = 1.0, full
-    for key, factor in VIRTUAL_EP_STEPS:  # 06's steps: the only work cut here
-        if predicted <= budget_s or "06" not in notebooks or cur.get(key, 0) // factor < 2:
+    steps, rounds, predicted = 1.0, {}, full
+    for key, value in VIRTUAL_EP_STEPS:
+        if predicted <= budget_s:
             break
-        steps /= factor
-        _halve(cur, overrides, key, factor)
-        predicted = predict_virtual_ep(forward_ms, notebooks, calibration, steps=steps)
+        if key == "cost_rounds":  # every cost's rounds down to `value` (+1 warm-up round each, as they run)
+            keys = [k for k in COST_ROUND_KEYS if isinstance(cur.get(k), int) and cur[k] > value]
+            if not keys:
+                continue
+            for k in keys:
+                cur[k] = overrides[k] = value
+            rounds = {nb: (value + 1) / (layer[k] + 1)  # each cost's rounds run after one warm-up round
+                      for nb in calibration["notebooks"] if (k := ROUNDS_KEY.get(nb, "cost_rounds")) in keys}
+        else:  # 06's steps halved, where 06 runs and has steps to halve
+            if "06" not in notebooks or cur.get(key, 0) // value < 2:
+                continue
+            steps /= value
+            _halve(cur, overrides, key, value)
+        predicted = predict_virtual_ep(forward_ms, notebooks, calibration, steps=steps, rounds=rounds)
     return VirtualEpSizing(forward_ms=float(forward_ms), reference_ms=float(calibration["forward_ms"]), ranks=ranks,
                            budget_s=float(budget_s), predicted_full_s=full, predicted_s=predicted,
                            overrides=overrides, held=predicted <= budget_s)
@@ -294,5 +326,5 @@ def measure_on_engine() -> dict:
 
 __all__ = ["Sizing", "size", "predict", "measure_on_engine", "REFERENCE_SHAPE", "CALIBRATION", "STEPS",
            "DEFAULT_BUDGET_S", "VirtualEpSizing", "size_virtual_ep", "predict_virtual_ep", "measure_forward_on_engines",
-           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE",
+           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "COST_ROUND_KEYS", "ROUNDS_KEY", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE",
            "GPU_BUDGET_S"]

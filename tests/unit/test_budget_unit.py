@@ -130,10 +130,50 @@ def test_a_slow_transport_cuts_06s_steps_and_never_the_tokens():
     s = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=420, calibration=VCAL)
     assert s.overrides == {"training.steps": 12} and s.held
     assert "so it ran less work (training.steps 12): predicted 413 s." in s.words() and "--budget 0" in s.words()
-    # a tighter budget: the steps are all it cuts (the tokens changed an answer), and it says it is still over
+    # a tighter budget: 06's steps twice (no cost rounds to cut in this layer; the tokens changed an answer), and it
+    # says it is still over
     t = budget.size_virtual_ep(100.0, 4, VLAYER, NBS, budget_s=100, calibration=VCAL)
-    assert t.overrides == {"training.steps": 12} and not t.held and "still over the budget." in t.words()
-    assert budget.VIRTUAL_EP_STEPS == (("training.steps", 2),)
+    assert t.overrides == {"training.steps": 6} and not t.held and "still over the budget." in t.words()
+    assert budget.VIRTUAL_EP_STEPS == (("training.steps", 2), ("cost_rounds", 3), ("training.steps", 2))
+
+
+VCAL_COST = {**VCAL, "cost_share": {"01": 0.5, "05": 0.25}}
+VLAYER_ROUNDS = {"training.steps": 25, "cost_rounds": 5, "training.cost_rounds": 5, "presets.cost_rounds": 7}
+ROUNDS_CUT = {"01": 4 / 6, "05": 4 / 6, "06": 4 / 6}  # VLAYER_ROUNDS' rounds down to 3 (07 would keep 4 / 8)
+
+
+def test_the_cost_rounds_cut_saves_their_share_of_each_notebooks_cases():
+    # 3 rounds of 5 (each with its warm-up round): 4 / 6 of the rounds' time; 06 has no cost share here
+    cut = {"01": 4 / 6, "05": 4 / 6, "06": 4 / 6}
+    assert budget.predict_virtual_ep(100.0, NBS, VCAL_COST, rounds=cut) == pytest.approx(
+        50 + 100 * (0.5 * 4 / 6 + 0.5) + 200 * (0.25 * 4 / 6 + 0.75) + 100)
+    assert budget.predict_virtual_ep(100.0, NBS, VCAL_COST) == budget.predict_virtual_ep(100.0, NBS, VCAL)
+    # with half the tokens the rounds' forwards are half as long too: the cut takes its share of what is left
+    tok = budget.TOKENS_FIXED_SHARE
+    assert budget.predict_virtual_ep(100.0, ["01"], VCAL_COST, tokens=0.5, rounds=cut) == pytest.approx(
+        50 + 100 * (tok + (1 - tok) / 2) * (0.5 * 4 / 6 + 0.5))
+
+
+def test_the_virtual_ep_cuts_come_in_turn_steps_then_rounds_then_steps_again():
+    full = budget.predict_virtual_ep(100.0, NBS, VCAL_COST)  # 450
+    one = budget.predict_virtual_ep(100.0, NBS, VCAL_COST, steps=0.5)
+    two = budget.predict_virtual_ep(100.0, NBS, VCAL_COST, steps=0.5, rounds=ROUNDS_CUT)  # the top-level 5 rounds decide
+    three = budget.predict_virtual_ep(100.0, NBS, VCAL_COST, steps=0.25, rounds=ROUNDS_CUT)
+    assert full > one > two > three
+    for b, cut in ((full, {}), ((one + two) / 2, {"training.steps": 12, "cost_rounds": 3, "training.cost_rounds": 3,
+                                                  "presets.cost_rounds": 3}),
+                   (one, {"training.steps": 12}), (three - 1, {"training.steps": 6, "cost_rounds": 3,
+                                                               "training.cost_rounds": 3, "presets.cost_rounds": 3})):
+        s = budget.size_virtual_ep(100.0, 4, VLAYER_ROUNDS, NBS, budget_s=b, calibration=VCAL_COST)
+        assert s.overrides == cut, b
+    # rounds already at 3 or fewer: the cut is passed over, the steps are halved twice
+    few = {**VLAYER_ROUNDS, "cost_rounds": 3, "training.cost_rounds": 2, "presets.cost_rounds": 3}
+    s = budget.size_virtual_ep(100.0, 4, few, NBS, budget_s=1, calibration=VCAL_COST)
+    assert s.overrides == {"training.steps": 6}
+    assert s.predicted_s == pytest.approx(budget.predict_virtual_ep(100.0, NBS, VCAL_COST, steps=0.25))
+    s = budget.size_virtual_ep(100.0, 4, {**few, "presets.cost_rounds": 7}, NBS, budget_s=1, calibration=VCAL_COST)
+    assert s.overrides == {"training.steps": 6, "presets.cost_rounds": 3}
+    assert "presets.cost_rounds 3" in s.words()
 
 
 def test_a_run_without_06_has_nothing_to_cut_and_says_so():
@@ -141,7 +181,7 @@ def test_a_run_without_06_has_nothing_to_cut_and_says_so():
     assert s.overrides == {} and not s.held
     assert s.words().endswith("it ran the profile's work, over the budget (nothing left to cut).")
     t = budget.size_virtual_ep(100.0, 4, VLAYER, ["06"], budget_s=100, calibration=VCAL)
-    assert t.overrides == {"training.steps": 12}
+    assert t.overrides == {"training.steps": 6}
 
 
 @pytest.mark.parametrize("bad", [0, -5.0, float("nan"), "100"])
@@ -153,15 +193,20 @@ def test_a_measured_forward_that_is_not_a_positive_number_is_refused(bad):
 @settings(max_examples=200, deadline=None)
 @given(fwd=st.floats(1, 1e4), b=st.floats(1, 1e5))
 def test_virtual_ep_sizing_cuts_only_as_far_as_the_prediction_needs(fwd, b):
-    s = budget.size_virtual_ep(fwd, 4, VLAYER, NBS, budget_s=b, calibration=VCAL)
-    steps = 0.5 if s.overrides else 1.0
-    assert set(s.overrides) <= {"training.steps"}
-    assert s.predicted_s == pytest.approx(budget.predict_virtual_ep(fwd, NBS, VCAL, steps=steps))
+    s = budget.size_virtual_ep(fwd, 4, VLAYER_ROUNDS, NBS, budget_s=b, calibration=VCAL_COST)
+    steps = {25: 1.0, 12: 0.5, 6: 0.25}[s.overrides.get("training.steps", 25)]
+    rounds = ROUNDS_CUT if "cost_rounds" in s.overrides else None
+    assert set(s.overrides) <= {"training.steps", *budget.COST_ROUND_KEYS}
+    assert s.predicted_s == pytest.approx(budget.predict_virtual_ep(fwd, NBS, VCAL_COST, steps=steps, rounds=rounds))
     assert s.held == (s.predicted_s <= b) and s.predicted_s <= s.predicted_full_s + 1e-9
     if s.overrides:  # without the cut it would not have held
         assert s.predicted_full_s > b
     else:
         assert s.held
+    if steps == 0.25:  # the last cut was needed: the two before it did not hold
+        assert budget.predict_virtual_ep(fwd, NBS, VCAL_COST, steps=0.5, rounds=ROUNDS_CUT) > b
+    if rounds:
+        assert budget.predict_virtual_ep(fwd, NBS, VCAL_COST, steps=0.5) > b
 
 
 def test_the_virtual_ep_calibration_covers_every_notebook_and_its_shares_are_fractions():
@@ -191,6 +236,24 @@ def test_the_virtual_ep_calibration_is_the_published_runs_records():
     fwd = [r["t_forward_s"] for r in records if r["notebook"] == "09" and r["dispatcher"] == "allgather"
            and r["router_dtype"] == "none" and r["config"]["seq_len"] == 1024]
     assert len(fwd) == 1 and fwd[0] * 1e3 == pytest.approx(budget.VIRTUAL_EP_CALIBRATION["forward_ms"], abs=0.06)
+    # the cost rounds' share of each notebook's cases: (rounds + 1 warm-up) x the medians of the fns a round runs
+    # (06: case, plain and plain again), over the sum of its cases' seconds
+    rounds_s, cases_s, seen = {}, {}, set()
+    for r in records:
+        key = (r["notebook"], r.get("experiment"), r.get("kind"), r.get("case_key"))
+        if key in seen:
+            continue
+        seen.add(key)
+        cases_s[r["notebook"]] = cases_s.get(r["notebook"], 0.0) + r["case_wall_s"]
+        c = r.get("cost") or {}
+        if c.get("t_with_s"):
+            fns = 3 if r["notebook"] == "06" else 2
+            rounds_s[r["notebook"]] = rounds_s.get(r["notebook"], 0.0) + (c["rounds"] + 1) * (
+                c["t_with_s"] + (fns - 1) * c["t_without_s"])
+    share = budget.VIRTUAL_EP_CALIBRATION["cost_share"]
+    assert set(share) == set(rounds_s)
+    for nb, s in rounds_s.items():
+        assert share[nb] == pytest.approx(s / cases_s[nb], abs=0.001), nb
 
 
 def test_a_gpu_profile_run_on_ranks_sharing_a_gpu_times_a_plain_forward_and_sizes_from_it(monkeypatch):
@@ -224,15 +287,18 @@ def test_a_gpu_profile_run_on_ranks_sharing_a_gpu_times_a_plain_forward_and_size
     assert asked[0][1]["seq_len"] == config.layer.seq_len and asked[0][2]["ep"] == 4
     assert s.forward_ms == pytest.approx(159.6) and s.budget_s == budget.GPU_BUDGET_S
     assert s.predicted_full_s == pytest.approx(budget.predict_virtual_ep(159.6, nbs))
-    assert s.overrides == {"training.steps": config.params(TrainParams).steps // 2}
+    assert s.overrides == {"training.steps": config.params(TrainParams).steps // 4, "cost_rounds": 3,
+                           "training.cost_rounds": 3, "presets.cost_rounds": 3}  # the calibration's own speed: all cuts
     assert s.predicted_s <= s.predicted_full_s
     sized = profiles.load("gpu", s.overrides)  # the cut loads as a profile; the layer keeps its tokens
     assert sized.params(TrainParams).steps == s.overrides["training.steps"] and sized.layer == config.layer
+    assert sized.rounds() == 3 and sized.params(TrainParams).cost_rounds == 3
     asked.clear()
     assert runner._size_for_this_machine(cluster(1), config, "gpu", {}, nbs, None) is None
     assert runner._size_for_this_machine(cluster(4), config, "gpu", {}, nbs, 0) is None
     assert runner._size_for_this_machine(cluster(4), config, "gpu", {"seq_len": 512}, nbs, None) is None
     assert runner._size_for_this_machine(cluster(4), config, "gpu", {"training.steps": 50}, nbs, None) is None
+    assert runner._size_for_this_machine(cluster(4), config, "gpu", {"presets.cost_rounds": 9}, nbs, None) is None
     assert runner._size_for_this_machine(None, config, "gpu", {}, nbs, None) is None
     assert asked == []
 
@@ -241,9 +307,9 @@ def test_every_questions_cases_build_at_the_least_work_the_virtual_ep_sizing_cut
     from moe_lab import profiles
     from moe_lab.questions import QUESTIONS
 
-    s = budget.size_virtual_ep(1e4, 4, {"training.steps": 25}, list(budget.VIRTUAL_EP_CALIBRATION["notebooks"]),
+    s = budget.size_virtual_ep(1e4, 4, VLAYER_ROUNDS, list(budget.VIRTUAL_EP_CALIBRATION["notebooks"]),
                                budget_s=1)
-    assert s.overrides == {"training.steps": 12}
+    assert s.overrides == {"training.steps": 6, "cost_rounds": 3, "training.cost_rounds": 3, "presets.cost_rounds": 3}
     config = profiles.load("gpu", {**s.overrides, "device": "cpu", "engines": 4})  # cases, not a GPU, are checked here
     for q in QUESTIONS:
         for m in q.run_modules():
