@@ -96,8 +96,9 @@ VIRTUAL_EP_STEPS = (("training.steps", 2), ("cost_rounds", 3), ("training.steps"
 """The cuts on virtual EP, in turn: notebook 06's steps halved (its runs part after step 1 in every published report,
 at 12 steps as at 25); every cost's paired rounds down to 3 (`COST_ROUND_KEYS`: on virtual EP a cost is mostly gloo's
 transport — `stats.headline_cost` reads its compute figure —, and a cost's words give its interval the confidence its
-rounds do, 75 % for 3: `stats.interval_words`); 06's steps halved again (6 of 25: still past the step the runs part). The tokens per forward are not cut, though they set most of a case's transport: on one H100 the
-allgather dispatcher's answer at 512 tokens (run-to-run nondeterminism besides the EP order, the first divergent stage
+rounds do, 75 % for 3: `stats.interval_words`); 06's steps halved again (6 of 25: still past the step the runs
+part). The tokens per forward are not cut, though they set most of a case's transport: on one H100 the allgather
+dispatcher's answer at 512 tokens (run-to-run nondeterminism besides the EP order, the first divergent stage
 inside one rank, combine.pre; reports/published/gpu-h100x1-2026-12-05-sized) is not the one at the profile's 1024 on
 the same kind of GPU (the EP order alone, first at the bf16 reduce-scatter; reports/published/gpu-h100x1-2026-12-05):
 a smaller case that does not show the same effect. `TOKENS_FIXED_SHARE` stays for the prediction of that run."""
@@ -113,8 +114,9 @@ TOKENS_SCALED = ("01", "02", "03", "04", "05", "07", "08", "09")
 
 GPU_BUDGET_S = 570.0
 """The gpu profile's budget for a run on one GPU shared by its ranks (the command's start to its end): the goal of
-10 minutes less 5 %, the prediction's error from one H100 to another (it ran ~4 % short of a run on one, ~8 % over
-a run on another: docs/bench.md, 'Fifteenth pass')."""
+10 minutes less 5 %, as the prediction misses from one H100 to another, most of all where it runs short: on one it
+predicted 622 s for a run whose first six notebooks alone took 530 s, on another 567 s for runs of 446 and 451 s
+(docs/bench.md, 'Fifteenth pass')."""
 
 
 @dataclass(frozen=True)
