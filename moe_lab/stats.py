@@ -18,13 +18,9 @@ import statistics
 LEVEL = 0.95
 
 
-def median_ci(xs: list[float], level: float = LEVEL) -> tuple[float, float]:
-    """A distribution-free confidence interval of the median: order statistics x(k), x(n+1-k) with the largest k
-    such that P(Binomial(n, 1/2) < k) <= (1 - level) / 2. Needs n >= 6 at 95 %; fewer give (min, max)."""
-    s = sorted(xs)
-    n = len(s)
-    if n == 0:
-        return (math.nan, math.nan)
+def _order_k(n: int, level: float) -> int:
+    """The largest k with P(Binomial(n, 1/2) < k) <= (1 - level) / 2: the interval of the median of n values is
+    x(k), x(n+1-k); 0 where no k holds (n < 6 at 95 %)."""
     alpha = (1 - level) / 2
     k, cdf = 0, 0.0
     for j in range(n):  # cdf = P(B < j + 1)
@@ -32,6 +28,17 @@ def median_ci(xs: list[float], level: float = LEVEL) -> tuple[float, float]:
         if cdf > alpha:
             break
         k = j + 1
+    return k
+
+
+def median_ci(xs: list[float], level: float = LEVEL) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: order statistics x(k), x(n+1-k) with the largest k
+    such that P(Binomial(n, 1/2) < k) <= (1 - level) / 2. Needs n >= 6 at 95 %; fewer give (min, max)."""
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return (math.nan, math.nan)
+    k = _order_k(n, level)
     if k == 0:
         return (s[0], s[-1])
     return (s[k - 1], s[n - k])
@@ -43,15 +50,22 @@ def interval_confidence(n: int, level: float = LEVEL) -> float | None:
     n < 2."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 2:
         return None
-    alpha = (1 - level) / 2
-    k, cdf = 0, 0.0
-    for j in range(n):
-        cdf += math.comb(n, j) / 2**n
-        if cdf > alpha:
-            break
-        k = j + 1
-    tail = sum(math.comb(n, j) for j in range(max(k, 1))) / 2**n  # P(B < k), at least P(B = 0) for (min, max)
-    return 1 - 2 * tail
+    k = max(_order_k(n, level), 1)  # (min, max) is x(1), x(n)
+    return 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2**n  # 1 - 2 P(B < k)
+
+
+CI_NAME = f"{LEVEL * 100:.0f} % CI"
+
+
+def _interval_name(n, level: float = LEVEL) -> str | None:
+    """'95 % CI' where n rounds give that confidence, 'min–max of 3 rounds, a 75 % interval' where they are too few,
+    None where n is not a count of rounds."""
+    conf = interval_confidence(n, level) if isinstance(n, int) else None
+    if conf is None:
+        return None
+    if conf >= level - 1e-12:
+        return f"{level * 100:.0f} % CI"
+    return f"min–max of {n} rounds, a {conf * 100:.4g} % interval"
 
 
 def interval_words(ci, rounds, level: float = LEVEL) -> str:
@@ -59,26 +73,20 @@ def interval_words(ci, rounds, level: float = LEVEL) -> str:
     confidence, 'min–max of 3 rounds, a 75 % interval: 1.03–1.12' where too few rounds do, and 'interval 1.03–1.12'
     where the rounds were not recorded."""
     span = f"{ci[0]:.2f}–{ci[1]:.2f}"
-    conf = interval_confidence(rounds, level) if isinstance(rounds, int) else None
-    if conf is None:
+    name = _interval_name(rounds, level)
+    if name is None:
         return f"interval {span}"
-    if conf >= level - 1e-12:
-        return f"{level:.0%} CI {span}".replace("%", " %")
-    return f"min–max of {rounds} rounds, a {conf * 100:.4g} % interval: {span}"
+    return f"{name} {span}" if name.endswith("CI") else f"{name}: {span}"
 
 
 def interval_name(rounds) -> str:
     """What the intervals of several costs are, for a figure's title or a table's header: '95 % CI' where every
     cost's rounds give that confidence, 'min–max of 5 rounds, a 93.75 % interval' where they all have the same few
     rounds, 'interval (95 % CI from 6 rounds, min–max below)' where they differ or are not recorded."""
-    ns = {n for n in rounds}
-    confs = {interval_confidence(n) if isinstance(n, int) else None for n in ns}
-    if ns and None not in confs and min(confs) >= LEVEL - 1e-12:
-        return f"{LEVEL:.0%} CI".replace("%", " %")
-    if len(ns) == 1 and None not in confs:
-        (n,), (c,) = ns, confs
-        return f"min–max of {n} rounds, a {c * 100:.4g} % interval"
-    return f"interval ({LEVEL:.0%} CI from 6 rounds, min–max below)".replace("%", " %")
+    names = {_interval_name(n) for n in rounds}
+    if len(names) == 1 and None not in names:
+        return names.pop()
+    return f"interval ({CI_NAME} from 6 rounds, min–max below)"
 
 
 def slowest(per_rank: list[list[float]]) -> list[float]:

@@ -282,8 +282,8 @@ def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, bu
                 continue
             for k in keys:
                 cur[k] = overrides[k] = value
-            rounds = {nb: (value + 1) / (layer[k] + 1)  # each cost's rounds run after one warm-up round
-                      for nb in calibration["notebooks"] if (k := ROUNDS_KEY.get(nb, "cost_rounds")) in keys}
+            rounds = {nb: (value + 1) / (layer[its] + 1)  # each cost's rounds run after one warm-up round
+                      for nb in calibration["notebooks"] if (its := ROUNDS_KEY.get(nb, "cost_rounds")) in keys}
         else:  # 06's steps halved, where 06 runs and has steps to halve
             if "06" not in notebooks or cur.get(key, 0) // value < 2:
                 continue
