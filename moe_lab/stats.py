@@ -13,6 +13,7 @@ cost, and an A/A floor carries the same fields, so a compute cost is judged agai
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 
 LEVEL = 0.95
@@ -48,8 +49,9 @@ def interval_confidence(n: int, level: float = LEVEL) -> float | None:
     """The confidence `median_ci` gives its interval of the median of `n` values: at least `level` from n = 6 at
     95 %; below that it is (min, max), whose confidence is 1 - 2 / 2**n (93.75 % for 5 rounds, 75 % for 3). None for
     n < 2."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+    if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 2:
         return None
+    n = int(n)
     k = max(_order_k(n, level), 1)  # (min, max) is x(1), x(n)
     return 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2**n  # 1 - 2 P(B < k)
 
@@ -60,12 +62,12 @@ CI_NAME = f"{LEVEL * 100:.0f} % CI"
 def _interval_name(n, level: float = LEVEL) -> str | None:
     """'95 % CI' where n rounds give that confidence, 'min–max of 3 rounds, a 75 % interval' where they are too few,
     None where n is not a count of rounds."""
-    conf = interval_confidence(n, level) if isinstance(n, int) else None
+    conf = interval_confidence(n, level)
     if conf is None:
         return None
     if conf >= level - 1e-12:
         return f"{level * 100:.0f} % CI"
-    return f"min–max of {n} rounds, a {conf * 100:.4g} % interval"
+    return f"min–max of {int(n)} rounds, a {conf * 100:.4g} % interval"
 
 
 def interval_words(ci, rounds, level: float = LEVEL) -> str:

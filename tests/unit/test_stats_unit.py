@@ -188,3 +188,11 @@ def test_a_figures_interval_name_says_what_its_costs_intervals_are():
     assert stats.interval_name([3]) == "min–max of 3 rounds, a 75 % interval"
     for mixed in ([3, 7], [5, None], []):  # rounds that differ or were not recorded: no single confidence to name
         assert stats.interval_name(mixed) == "interval (95 % CI from 6 rounds, min–max below)"
+
+
+def test_rounds_counted_as_numpy_or_pandas_integers_name_the_same_interval():
+    import numpy as np
+
+    assert stats.interval_name(np.array([5, 5])) == "min–max of 5 rounds, a 93.75 % interval"
+    assert stats.interval_words([1.0, 1.2], np.int64(7)) == "95 % CI 1.00–1.20"
+    assert stats.interval_name([5.0]) == "interval (95 % CI from 6 rounds, min–max below)"  # not a count

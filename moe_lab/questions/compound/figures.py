@@ -142,7 +142,8 @@ def depth_growth(records: list[dict]):
 
 
 def cost_bars(records: list[dict], ax=None):
-    """Forward+backward step time of each setting relative to the plain step (paired rounds, the median with its interval: `stats.interval_name`)."""
+    """Forward+backward step time of each setting relative to the plain step (paired rounds, the median with its
+    interval: `stats.interval_name`)."""
     back = [r for r in records if r.get("kind") == "backward" and r.get("cost")]
     if not back:
         return message("no cost measured", ax)

@@ -114,8 +114,8 @@ def records(case: Case, per_rank: list[dict], record_type=PromotionRecord) -> li
 
 def cost_table(records: list[dict]):
     """Cost of every cell relative to the plain bf16 forward of the same release and dispatcher (paired rounds):
-    `relative_time` (median ratio), its interval (`ci_low`, `ci_high` over `rounds`), and where that interval lies against the A/A noise floor
-    (`vs_noise_floor`: inside, overlaps, above, below — `stats.against_floor`)."""
+    `relative_time` (median ratio), its interval (`ci_low`, `ci_high` over `rounds`), and where that interval lies
+    against the A/A noise floor (`vs_noise_floor`: inside, overlaps, above, below — `stats.against_floor`)."""
     import pandas as pd
 
     rows = []
