@@ -56,7 +56,11 @@ def interval_confidence(n: int, level: float = LEVEL) -> float | None:
     return 1 - 2 * sum(math.comb(n, j) for j in range(k)) / 2**n  # 1 - 2 P(B < k)
 
 
-CI_NAME = f"{LEVEL * 100:.0f} % CI"
+def _ci_name(level: float) -> str:
+    return f"{level * 100:.0f} % CI"
+
+
+CI_NAME = _ci_name(LEVEL)
 
 
 def _interval_name(n, level: float = LEVEL) -> str | None:
@@ -66,7 +70,7 @@ def _interval_name(n, level: float = LEVEL) -> str | None:
     if conf is None:
         return None
     if conf >= level - 1e-12:
-        return f"{level * 100:.0f} % CI"
+        return _ci_name(level)
     return f"min–max of {int(n)} rounds, a {conf * 100:.4g} % interval"
 
 

@@ -109,6 +109,20 @@ COST_ROUND_KEYS = ("cost_rounds", "training.cost_rounds", "presets.cost_rounds")
 ROUNDS_KEY = {"06": "training.cost_rounds", "07": "presets.cost_rounds"}
 """Which of `COST_ROUND_KEYS` sets a notebook's cost rounds (the others: "cost_rounds")."""
 
+VIRTUAL_EP_KEYS = (*dict.fromkeys(k for k, _ in VIRTUAL_EP_STEPS if k != "cost_rounds"), *COST_ROUND_KEYS)
+"""Every profile key a virtual-EP cut sets (`virtual_ep_work` reads them; one given by the run turns sizing off)."""
+
+
+def virtual_ep_work(config) -> dict:
+    """The profile's values of `VIRTUAL_EP_KEYS` in `config` (a `run_config.RunConfig`): what the cuts start from."""
+    from ..questions.presets.params import PresetParams
+    from ..questions.training.params import TrainParams
+
+    train = config.params(TrainParams)
+    return {"training.steps": train.steps, "cost_rounds": config.rounds(),
+            "training.cost_rounds": train.cost_rounds,
+            "presets.cost_rounds": config.params(PresetParams).cost_rounds}
+
 TOKENS_SCALED = ("01", "02", "03", "04", "05", "07", "08", "09")
 """The notebooks whose cases run the profile's layer at its tokens per forward (06 runs its training preset)."""
 
@@ -328,5 +342,5 @@ def measure_on_engine() -> dict:
 
 __all__ = ["Sizing", "size", "predict", "measure_on_engine", "REFERENCE_SHAPE", "CALIBRATION", "STEPS",
            "DEFAULT_BUDGET_S", "VirtualEpSizing", "size_virtual_ep", "predict_virtual_ep", "measure_forward_on_engines",
-           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "COST_ROUND_KEYS", "ROUNDS_KEY", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE",
+           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "COST_ROUND_KEYS", "ROUNDS_KEY", "VIRTUAL_EP_KEYS", "virtual_ep_work", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE",
            "GPU_BUDGET_S"]

@@ -540,8 +540,8 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
     virtual_ep = profile == "gpu" and _ranks_share_a_gpu(cluster, config)
     if not (device == "cpu" and profile == "cpu") and not virtual_ep:
         return None
-    cut_on_virtual_ep = {"training.steps", *budget_mod.COST_ROUND_KEYS}
-    touched = sorted(k for k in overrides if k.split(".")[-1] in SIZED_KEYS or (virtual_ep and k in cut_on_virtual_ep))
+    touched = sorted(k for k in overrides
+                     if k.split(".")[-1] in SIZED_KEYS or (virtual_ep and k in budget_mod.VIRTUAL_EP_KEYS))
     if touched:
         logger.info("sizing: not sized (the calibration is the %s profile's layer; %s overridden)", profile,
                     ", ".join(touched))
@@ -549,9 +549,6 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
     from ..controller import calls
 
     if virtual_ep:
-        from ..questions.presets.params import PresetParams
-        from ..questions.training.params import TrainParams
-
         plain = config.layer.replace(dispatcher="allgather", router_dtype="none", probs_fp32_gather=False,
                                      deterministic=False)
         world = len(cluster.state.engine_ids)
@@ -559,10 +556,7 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
                              config.layout.on(world).asdict(), what="timing a plain forward of the profile's layer",
                              timeout=300)
         return budget_mod.size_virtual_ep(max(per_rank) * 1e3, cluster.state.config.ranks_per_gpu,
-                                          {"training.steps": config.params(TrainParams).steps,
-                                           "cost_rounds": config.rounds(),
-                                           "training.cost_rounds": config.params(TrainParams).cost_rounds,
-                                           "presets.cost_rounds": config.params(PresetParams).cost_rounds}, notebooks,
+                                          budget_mod.virtual_ep_work(config), notebooks,
                                           budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
     from ..questions.seq_len.params import SeqLenParams
 

@@ -338,3 +338,12 @@ def test_the_speed_share_reproduces_the_sized_run_on_another_machine_from_its_re
     whole = budget.predict_virtual_ep(measured["forward_ms"], list(done), {**cal, "speed_fixed_share": 0.0},
                                       tokens=tokens, steps=steps) - cal["start_s"]
     assert whole < 0.85 * sum(done.values())
+
+
+def test_the_work_the_virtual_ep_cuts_start_from_is_read_for_every_key_they_set():
+    from moe_lab import profiles
+
+    work = budget.virtual_ep_work(profiles.load("gpu"))
+    assert tuple(work) == budget.VIRTUAL_EP_KEYS == ("training.steps", *budget.COST_ROUND_KEYS)
+    assert work == {"training.steps": 25, "cost_rounds": 5, "training.cost_rounds": 5, "presets.cost_rounds": 5}
+    assert budget.virtual_ep_work(profiles.load("gpu", {"presets.cost_rounds": 9}))["presets.cost_rounds"] == 9
