@@ -26,14 +26,16 @@ reports: setup
 # of its time is spent waiting (timeouts, heartbeats, engines starting), so two keep two cores busy; a file stays on one
 # worker (its module-scoped cluster is started once) and each test tells its own processes apart from the other
 # worker's; then the notebook tier (whole `moe-lab run`s, each with its kernels and its own cluster) and the GPU tests
-# (skipped without GPUs) one at a time. Every run goes whatever the others say; a run that selects no test (-k) is
-# not a failure.
+# (skipped without GPUs), a file to a worker: the tier's run of every notebook and the tests that read it on one, the
+# report-folder and %%px files (a core mostly idle) on the other. Every run goes whatever the others say; a run that
+# selects no test (-k) is not a failure.
 UNIT_WORKERS ?= auto
 CLUSTER_WORKERS ?= 2
+NOTEBOOK_WORKERS ?= 2
 test: setup
 	@rc=0; \
 	for tier in "-n $(UNIT_WORKERS) tests/unit" "-n $(CLUSTER_WORKERS) --dist loadfile tests/cluster" \
-			"tests/notebooks tests/gpu"; do \
+			"-n $(NOTEBOOK_WORKERS) --dist loadfile tests/notebooks tests/gpu"; do \
 		echo "== pytest $(PYTEST_ARGS) $$tier"; \
 		$(BIN)/python -m pytest $(PYTEST_ARGS) $$tier; r=$$?; \
 		if [ $$r -ne 0 ] && [ $$r -ne 5 ]; then rc=$$r; fi; \

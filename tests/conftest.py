@@ -2,14 +2,18 @@
 oneDNN's ISA capped (PIN_ISA) for tests that compare truncated forwards bitwise but are about something else; what
 this CPU's bf16 GEMM does (`cpu_gemm`: batch invariant or not, measured in a subprocess with the engines'
 environment) and the check of notebook 04's records against it (`truncation_story`). GPU markers skip where the
-GPUs are missing, with the reason (`gpu`: one CUDA GPU; `multigpu`: two or more).
+GPUs are missing, with the reason (`gpu`: one CUDA GPU; `multigpu`: two or more). The layer that tests built on the
+cpu profile's run where this CPU's bf16 GEMM is a slow path (`cpu_layer`: the cpu profile's sizing cuts, chosen by
+the same GEMM timing).
 
 Why the CPU matters: oneDNN's bf16 GEMM on CPUs with AMX (Xeon with `amx_bf16`) is batch variant — the rows of
 x[:m] @ w change with the total M (from M ~ 256 at the cpu profile's expert shapes) — so the real layer fails the
 truncation test there; capped at AVX512_CORE_BF16 (and on CPUs without AMX, e.g. AVX2 only) it is batch invariant."""
 
+import dataclasses
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -68,6 +72,75 @@ class CpuGemm:
 @pytest.fixture(scope="session")
 def cpu_gemm():
     return CpuGemm()
+
+
+BF16_FAST = 3.0
+"""A CPU whose bf16 GEMM is at most this many times slower than its fp32 GEMM (`CpuGemm.slowdown`) runs the tests at
+the cpu profile's layer, and the tiers' budgets are stated for it: AVX-512 BF16 and AMX CPUs are at about 1."""
+
+MAX_TEST_CUTS = 1
+"""The most `reporting.budget.STEPS` cuts a test layer takes: the first (ffn 256) halves the GEMMs' work and keeps
+every verdict the tiers assert; at two (ffn 256 and 64 tokens, or ffn 128) notebook 04's emulated split-K no longer
+fails the truncation test on the allgather (its GPU-like heuristic then splits K the same way at both row counts:
+docs/bench.md), so a CPU slower still runs the tests at one cut, over the budgets."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuLayer:
+    """The layer the notebook tier and the cluster tier's heaviest bf16 tests build: a profile's own where the bf16
+    GEMM is fast, else halved by `reporting.budget.STEPS` — as a sized `make reports` would run it — as many times
+    as bring the GEMM's slowdown within BF16_FAST (at most MAX_TEST_CUTS)."""
+
+    ratio: float
+    """This CPU's bf16 GEMM / its fp32 GEMM, the worse of the cpu profile's two expert shapes (one thread)."""
+    cuts: int
+
+    @property
+    def left_ratio(self) -> float:
+        """The slowdown the cuts leave: the GEMMs' work halves with each."""
+        return self.ratio / 2 ** self.cuts
+
+    def overrides(self, profile: str = "cpu") -> dict:
+        """Profile keys → values that give `profile` (a name or a file) this layer (empty: its own)."""
+        from moe_lab import profiles
+        from moe_lab.questions.seq_len.params import SeqLenParams
+        from moe_lab.reporting import budget
+
+        p = profiles.load(profile)
+        return budget.cut({"ffn_hidden": p.layer.ffn_hidden, "seq_len": p.layer.seq_len, "cut": p.run.cut,
+                           "seq_lens": list(p.params(SeqLenParams).seq_lens)}, self.cuts)
+
+    def shapes(self, profile: str = "cpu") -> tuple:
+        """The expert GEMMs' (K, N) at `profile`'s layer so cut: fc1, fc2 (as `CpuGemm.profile_shapes`)."""
+        from moe_lab import profiles
+
+        layer = profiles.load(profile, self.overrides(profile)).layer
+        return (layer.hidden, layer.ffn_hidden), (layer.ffn_hidden, layer.hidden)
+
+    def p_args(self, profile: str) -> list[str]:
+        """`moe-lab run -p` arguments that give `profile` this layer."""
+        return [a for k, v in self.overrides(profile).items() for a in ("-p", f"{k}={json.dumps(v)}")]
+
+    def words(self, profile: str = "cpu") -> str:
+        said = f"bf16 GEMM {self.ratio:.1f}x fp32"
+        cut = self.overrides(profile)
+        return f"{said}: " + (f"{self.cuts} cut(s), " + ", ".join(f"{k} {v}" for k, v in cut.items()) if cut else
+                              "the profile's layer")
+
+
+def cuts_for(ratio: float) -> int:
+    """How many halvings of the GEMMs' work bring a bf16 slowdown of `ratio` within BF16_FAST (at most
+    MAX_TEST_CUTS)."""
+    return 0 if ratio <= BF16_FAST else min(MAX_TEST_CUTS, math.ceil(math.log2(ratio / BF16_FAST)))
+
+
+@pytest.fixture(scope="session")
+def cpu_layer(cpu_gemm) -> CpuLayer:
+    """The layer for this CPU's bf16 GEMM (`CpuLayer`), said in the test log."""
+    ratio = cpu_gemm.slowdown()["worst_ratio"]
+    layer = CpuLayer(ratio=ratio, cuts=cuts_for(ratio))
+    print(f"test layer: {layer.words()}")
+    return layer
 
 
 @pytest.fixture(scope="session")

@@ -191,6 +191,25 @@ def _halve(cur: dict, overrides: dict, key: str, factor: int) -> None:
             overrides["seq_lens"] = cur["seq_lens"]
 
 
+def _splits(cur: dict, key: str, factor: int) -> bool:
+    """Whether `key` of `cur` is still big enough to cut by `factor` (the cut leaves at least 2 x factor)."""
+    return cur.get(key, 0) // factor >= 2 * factor
+
+
+def cut(layer: dict, steps: int) -> dict:
+    """The overrides of `layer` (the keys `STEPS` cut: ffn_hidden, seq_len, cut, seq_lens) after the first `steps`
+    cuts, each halving the GEMMs' work, stopping where the layer is too small to split: the layer a sized run takes at
+    that many cuts, for a caller that chose the number itself (the tests, from their own GEMM timing)."""
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and 0 <= steps <= len(STEPS)):
+        raise ValueError(f"steps ({steps!r}) must be a whole number from 0 to {len(STEPS)}")
+    cur, overrides = dict(layer), {}
+    for key, factor in STEPS[:steps]:
+        if not _splits(cur, key, factor):
+            break
+        _halve(cur, overrides, key, factor)
+    return overrides
+
+
 def predict(gemm_ms: float, notebooks, calibration: dict = CALIBRATION, work: float = 1.0) -> float:
     """Seconds for a run of `notebooks` (numbers) at a GEMM time of `gemm_ms`, with the GEMMs' work scaled by `work`:
     the start, and each notebook's line through its two calibration runs (the fixed part does not scale; the GEMM
@@ -223,7 +242,7 @@ def size(gemm_ms: float, fp32_ms: float, layer: dict, notebooks, *, budget_s: fl
     for key, factor in STEPS:
         if predicted <= budget_s:
             break
-        if cur.get(key, 0) // factor < 2 * factor:  # the layer would be too small to split: stop cutting
+        if not _splits(cur, key, factor):  # the layer would be too small to split: stop cutting
             break
         _halve(cur, overrides, key, factor)
         work /= factor

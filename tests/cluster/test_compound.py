@@ -16,10 +16,11 @@ SETTINGS = ["plain", "router fp32", "router fp32 + fp32 grad reduce", "routing r
 
 
 @pytest.fixture(scope="module")
-def recs(cpu_cluster, cpu_cluster_pinned):
+def recs(cpu_cluster, cpu_cluster_pinned, cpu_layer):
     """The backward cases on the default engines; the depth stacks, whose truncation check needs batch-invariant
-    GEMMs (not the point there), on engines with oneDNN capped below AMX (tests/README.md)."""
-    P = profiles.load("cpu", {"trials": 2, "cost_rounds": 2})
+    GEMMs (not the point there), on engines with oneDNN capped below AMX (tests/README.md). At the layer for this
+    CPU's bf16 GEMM: 16 cases' forwards and backwards, most of this tier's GEMMs on a slow path."""
+    P = profiles.load("cpu", {"trials": 2, "cost_rounds": 2, **cpu_layer.overrides()})
     cases = compound.cases(P, settings=SETTINGS, depth_settings=["plain"], layers=3)
     back = protocol.run(compound, P, cluster=cpu_cluster, cases=[c for c in cases if c.kind != "depth"])
     return back + protocol.run(compound, P, cluster=cpu_cluster_pinned, cases=[c for c in cases if c.kind == "depth"])

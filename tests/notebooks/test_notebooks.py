@@ -1,5 +1,6 @@
 """The numbered notebooks end to end through the real runner, on the notebook tier's profile (notebook_tier.json:
-the cpu profile's layer and cluster with the smallest grids that reach every verdict); assertions read results.json.
+the cpu profile's layer and cluster with the smallest grids that reach every verdict), at the layer for this CPU's
+bf16 GEMM (`cpu_layer`: where it is a slow path, the cpu profile's own sizing cuts); assertions read results.json.
 The cpu profile itself is the main job's (`make reports`): its length is docs/bench.md's benchmark, not a test's."""
 
 import json
@@ -13,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import BF16_FAST
+
 RUN_TIMEOUT_S = 3000
 """The notebook tier's hang guard: a run of the tier's profile takes minutes where the CPU has bf16 instructions and
-several times that on an AVX2-only CPU (its bf16 GEMM is a slow path: `cpu_gemm.slowdown()`); the session fixture's
-setup is charged to the first test, hence the module's own pytest-timeout, above CI's per-test --timeout."""
+longer on an AVX2-only CPU (its bf16 GEMM is a slow path: `cpu_gemm.slowdown()`, which `cpu_layer` cuts the layer
+for); the session fixture's setup is charged to the first test, hence the module's own pytest-timeout, above CI's
+per-test --timeout."""
 BUDGET_S = 360
-"""The tier profile's run (all notebooks, cluster start included) on a 2-core CPU with bf16 instructions: about twice
-what it takes on the quiet development machine (docs/bench.md)."""
-BF16_FAST = 3.0
-"""The budgets hold on CPUs whose bf16 GEMM is at most this many times slower than their fp32 GEMM."""
+"""The tier profile's run (all notebooks, cluster start included) on 2 cores, at the layer for the CPU's bf16 GEMM:
+about twice what it takes on the quiet development machine (docs/bench.md)."""
 TRAINING_BUDGET_S = 60
 """Notebook 06's cases on the tier's profile, as the run's budget."""
 
@@ -32,10 +34,10 @@ TIER = Path(__file__).with_name("notebook_tier.json")
 """The notebook tier's profile (absolute: the notebook kernels run in notebooks/)."""
 
 
-def tier():
+def tier(overrides: dict | None = None):
     from moe_lab import profiles
 
-    return profiles.load(str(TIER))
+    return profiles.load(str(TIER), overrides or {})
 
 
 def notebook_01_cases(P) -> tuple[int, int]:
@@ -45,16 +47,22 @@ def notebook_01_cases(P) -> tuple[int, int]:
     return len(reproduce.cases(P)), len(layouts.cases(P))
 
 
+def run_tier(layer, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`moe-lab run --profile TIER` at `layer` (`cpu_layer`) with `args`."""
+    return subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", str(TIER),
+                           *layer.p_args(str(TIER)), *args], capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
-def cpu_report(tmp_path_factory):
-    """`moe-lab run` of every numbered notebook on the tier's profile, on CPU engines, into a folder of its own."""
+def cpu_report(tmp_path_factory, cpu_layer):
+    """`moe-lab run` of every numbered notebook on the tier's profile, on CPU engines, into a folder of its own, at
+    the layer for this CPU's bf16 GEMM."""
     out = tmp_path_factory.mktemp("report")
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", str(TIER), "--out", str(out)],
-                       capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    r = run_tier(cpu_layer, "--out", str(out), timeout=RUN_TIMEOUT_S)
     elapsed = time.monotonic() - t0
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else None
-    return {"rc": r.returncode, "stderr": r.stderr, "out": out, "index": index, "elapsed": elapsed,
+    return {"rc": r.returncode, "stderr": r.stderr, "out": out, "index": index, "elapsed": elapsed, "layer": cpu_layer,
             "results": json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []}
 
 
@@ -110,17 +118,25 @@ def test_the_tier_profile_is_the_cpu_profile_with_smaller_grids():
     o, oc = q("oracle"), c("oracle")
     assert part_of(o.layouts, oc.layouts) and o.reference == oc.reference and set(o.faults) <= set(oc.faults)
     assert not part_of(("ep8",), c("reproduce").layouts)  # the control
+    # Cut for a slow bf16 GEMM, the tier's layer is the cpu profile's at the same cuts, as a sized `make reports` runs.
+    from tests.conftest import MAX_TEST_CUTS, CpuLayer
+
+    for n in range(1, MAX_TEST_CUTS + 1):
+        at = CpuLayer(ratio=BF16_FAST * 2 ** n, cuts=n)
+        cut_tier, cut_cpu = tier(at.overrides(str(TIER))), profiles.load("cpu", at.overrides("cpu"))
+        assert cut_tier.layer == cut_cpu.layer != cpu.layer and cut_tier.run.cut == cut_cpu.run.cut, n
 
 
 def test_the_notebook_tier_keeps_its_budget(cpu_report, cpu_gemm):
-    """The tier's run ends in BUDGET_S on the 2-core machine — a budget stated for CPUs with bf16 instructions.
-    Where this CPU's bf16 GEMM is more than BF16_FAST times its fp32 GEMM (AVX2 only: a slow path, measured here in
-    an engine's setting), the run's length says what the CPU does, not what the lab does: skipped, with both figures."""
-    slow = cpu_gemm.slowdown()
-    said = (f"the tier's profile took {cpu_report['elapsed']:.0f} s (budget {BUDGET_S} s); this CPU's bf16 GEMM is "
-            f"{slow['worst_ratio']:.1f}x its fp32 GEMM at the profile's expert shapes ({slow})")
+    """The tier's run ends in BUDGET_S on the 2-core machine — a budget stated for CPUs whose bf16 GEMM is at most
+    BF16_FAST times their fp32 GEMM, which the layer's cuts (`cpu_layer`) bring an AVX2-only CPU's slow path to
+    where they can. Where the slowdown the cuts leave is more, the run's length says what the CPU does, not what the
+    lab does: skipped, with both figures."""
+    layer, slow = cpu_report["layer"], cpu_gemm.slowdown()
+    said = (f"the tier's profile took {cpu_report['elapsed']:.0f} s (budget {BUDGET_S} s) at {layer.words(str(TIER))};"
+            f" measured at the profile's expert shapes: {slow}")
     print(said)
-    if slow["worst_ratio"] > BF16_FAST:
+    if layer.left_ratio > BF16_FAST:
         pytest.skip(f"budget not applicable: {said}")
     assert cpu_report["elapsed"] < BUDGET_S, said
 
@@ -225,14 +241,16 @@ def test_a_rerun_with_another_layer_parameter_reuses_nothing(cpu_report):
     key covers the layer), the old records stay in results.json, and the notebook shows only the new ones."""
     out = cpu_report["out"]
     before = [r for r in json.loads((out / "results.json").read_text()) if r["notebook"] == "01"]
-    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", str(TIER), "--only", "01", "-p",
-                        "seq_len=96", "--out", str(out)], capture_output=True, text=True, timeout=900)
+    r = run_tier(cpu_report["layer"], "--only", "01", "-p", "seq_len=96", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     after = [r for r in json.loads((out / "results.json").read_text()) if r["notebook"] == "01"]
     assert len(after) == len(before) + sum(notebook_01_cases(tier()))  # every cross-rank and layout case, anew
-    assert sorted({x["config"]["seq_len"] for x in after}) == [96, 128]
+    ran = {x["config"]["seq_len"] for x in before}
+    assert len(ran) == 1 and sorted({x["config"]["seq_len"] for x in after}) == sorted({96, *ran})
     row = next(x for x in json.loads((out / "index.json").read_text())["notebooks"] if x["notebook"] == "01")
-    assert "of 24,576 output elements" in row["verdict"] and "of 32,768" not in row["verdict"]  # 96 x 256 only
+    hidden = tier().layer.hidden
+    assert f"of {96 * hidden:,} output elements" in row["verdict"]  # the new records only
+    assert f"of {ran.pop() * hidden:,}" not in row["verdict"]
 
 
 def test_a_failing_notebook_gets_html_and_a_nonzero_exit(tmp_path, monkeypatch):
@@ -307,8 +325,7 @@ def test_a_rerun_with_the_same_parameters_says_it_reused_every_case(cpu_report):
     the terminal, the notebook (and so its HTML) and the index all say 0 measured, every case reused. The control is
     the seq_len=96 rerun above: it measured its cases."""
     out = cpu_report["out"]
-    r = subprocess.run([sys.executable, "-m", "moe_lab.cli", "run", "--profile", str(TIER), "--only", "01", "--out",
-                        str(out)], capture_output=True, text=True, timeout=900)
+    r = run_tier(cpu_report["layer"], "--only", "01", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     cross, lays = notebook_01_cases(tier())
     assert f"01_reproduce_ep_divergence.ipynb: 0 case(s) measured, {cross + lays} reused from results.json" in r.stderr
@@ -362,10 +379,10 @@ def test_03_router_fp32_removes_the_allgather_divergence_from_0_12_on(cpu_report
     assert all(r["t_forward_s"] > 0 for r in ran)
 
 
-def test_04_truncation_reproduced_explained_and_fixed_under_emulation(cpu_report, cpu_gemm_invariant,
-                                                                      truncation_story):
-    """The real layer as this CPU's bf16 GEMM makes it (measured apart: batch invariant → it passes; oneDNN's AMX
-    kernels → it fails and the kernel probe shows the real GEMM batch variant); the EMULATION fails and is fixed."""
+def test_04_truncation_reproduced_explained_and_fixed_under_emulation(cpu_report, cpu_gemm, truncation_story):
+    """The real layer as this CPU's bf16 GEMM makes it at the layer's expert shapes (measured apart: batch invariant
+    → it passes; oneDNN's AMX kernels → it fails and the kernel probe shows the real GEMM batch variant); the
+    EMULATION fails and is fixed."""
     recs = [r for r in cpu_report["results"] if r["notebook"] == "04"]
     cases = [r for r in recs if r["kind"] == "case" and r["available"]]
     for r in recs:
@@ -378,7 +395,7 @@ def test_04_truncation_reproduced_explained_and_fixed_under_emulation(cpu_report
         assert not by[(d, "splitk+atomics", "none")]["truncation"]["bitwise_equal"]
         fix = by[(d, "splitk+atomics", "deterministic+tiled_experts")]
         assert fix["truncation"]["bitwise_equal"] and fix["rerun"]["bitwise_equal"]
-    truncation_story(recs, cpu_gemm_invariant)
+    truncation_story(recs, cpu_gemm.invariant(shapes=cpu_report["layer"].shapes(str(TIER))))
     measured = [r for r in recs if "skipped" not in r]
     assert measured and all(r["cpu"]["model"] and r["cpu"]["capability"] for r in measured)  # the CPU that measured it
 

@@ -68,6 +68,27 @@ def test_sizing_cuts_only_as_far_as_the_prediction_needs(gemm, b):
         assert s.held or steps == 0
 
 
+@given(gemm=st.floats(0.01, 1e4), b=st.floats(1, 1e4))
+@settings(max_examples=100, deadline=None)
+def test_a_chosen_number_of_cuts_is_the_layer_sizing_takes_at_that_many(gemm, b):
+    """`cut(layer, n)` (the tests choose n from their own GEMM timing) gives what `size` takes when it needs n cuts."""
+    s = budget.size(gemm, 1.0, LAYER, ["01", "05", "06"], budget_s=b, calibration=CAL)
+    n = ({512: 0, 256: 1, 128: 2, 64: 3}[s.overrides.get("ffn_hidden", 512)]
+         + {128: 0, 64: 1, 32: 2}[s.overrides.get("seq_len", 128)])
+    assert budget.cut(LAYER, n) == s.overrides
+
+
+def test_cuts_stop_where_the_layer_is_too_small_to_split_and_a_bad_count_is_refused():
+    assert budget.cut(LAYER, 0) == {}
+    assert budget.cut(LAYER, 1) == {"ffn_hidden": 256}
+    assert budget.cut(LAYER, 2) == {"ffn_hidden": 256, "seq_len": 64, "cut": 45, "seq_lens": [32, 64, 128]}
+    small = {"ffn_hidden": 6, "seq_len": 128, "cut": 90, "seq_lens": []}
+    assert budget.cut(small, 3) == {}  # ffn 6 would leave 3: under 2 x the factor, so no cut, and none after it
+    for bad in (-1, len(budget.STEPS) + 1, 1.0, True):
+        with pytest.raises(ValueError, match="steps"):
+            budget.cut(LAYER, bad)
+
+
 def test_the_calibration_covers_every_notebook_that_runs_on_the_cpu_profile():
     from moe_lab.questions import QUESTIONS
 
