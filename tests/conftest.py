@@ -110,11 +110,15 @@ class CpuLayer:
         return budget.cut({"ffn_hidden": p.layer.ffn_hidden, "seq_len": p.layer.seq_len, "cut": p.run.cut,
                            "seq_lens": list(p.params(SeqLenParams).seq_lens)}, self.cuts)
 
-    def shapes(self, profile: str = "cpu") -> tuple:
-        """The expert GEMMs' (K, N) at `profile`'s layer so cut: fc1, fc2 (as `CpuGemm.profile_shapes`)."""
+    def config(self, profile: str = "cpu"):
+        """`profile` (a name or a file) at this layer: its RunConfig (the layer, and the truncation cut with it)."""
         from moe_lab import profiles
 
-        layer = profiles.load(profile, self.overrides(profile)).layer
+        return profiles.load(profile, self.overrides(profile))
+
+    def shapes(self, profile: str = "cpu") -> tuple:
+        """The expert GEMMs' (K, N) at `profile`'s layer so cut: fc1, fc2 (as `CpuGemm.profile_shapes`)."""
+        layer = self.config(profile).layer
         return (layer.hidden, layer.ffn_hidden), (layer.ffn_hidden, layer.hidden)
 
     def p_args(self, profile: str) -> list[str]:

@@ -9,8 +9,10 @@ from moe_lab.tools import bench
 
 
 @pytest.fixture(scope="module")
-def quick():
-    return bench.run(device="cpu", engines=4, quick=True, timeout_s=300)
+def quick(cpu_layer):
+    """The quick bench at the layer for this CPU's bf16 GEMM (its default layer is the cpu profile's)."""
+    at = cpu_layer.config()
+    return bench.run(device="cpu", engines=4, quick=True, timeout_s=300, config=at.layer, cut=at.run.cut)
 
 
 @pytest.mark.cluster

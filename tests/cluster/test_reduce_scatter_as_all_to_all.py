@@ -127,8 +127,10 @@ def _forward_backward_both_ways(cfg_dict):
             "with": n2 - n1, "without": n3 - n2, "grads": len(with_shim[2])}
 
 
-def test_a_forward_and_backward_are_bitwise_the_same_with_and_without_the_all_to_all(cpu_cluster):
-    cfg = P.layer.replace(seq_len=2048, dispatcher="allgather")  # 2048 x 256 bf16: 1 MiB of combine a rank
+def test_a_forward_and_backward_are_bitwise_the_same_with_and_without_the_all_to_all(cpu_cluster, cpu_layer):
+    # 2048 x 256 bf16: 1 MiB of combine a rank; the experts' width (not the combine's) cut for a slow bf16 GEMM
+    width = cpu_layer.config().layer.ffn_hidden
+    cfg = P.layer.replace(seq_len=2048, dispatcher="allgather", ffn_hidden=width)
     per_rank = cpu_cluster.run(_forward_backward_both_ways, cfg.asdict())
     for r in per_rank:
         assert r["same"] == [True, True, True] and r["grads"] > 0
