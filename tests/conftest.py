@@ -2,8 +2,8 @@
 oneDNN's ISA capped (PIN_ISA) for tests that compare truncated forwards bitwise but are about something else; what
 this CPU's bf16 GEMM does (`cpu_gemm`: batch invariant or not, measured in a subprocess with the engines'
 environment) and the check of notebook 04's records against it (`truncation_story`). GPU markers skip where the
-GPUs are missing, with the reason (`gpu`: one CUDA GPU; `multigpu`: two or more). The layer that tests built on the
-cpu profile's run where this CPU's bf16 GEMM is a slow path (`cpu_layer`: the cpu profile's sizing cuts, chosen by
+GPUs are missing, with the reason (`gpu`: one CUDA GPU; `multigpu`: two or more). The GEMM-heavy tests build a
+smaller layer where this CPU's bf16 GEMM is a slow path (`cpu_layer`: the cpu profile's first sizing cut, chosen from
 the same GEMM timing).
 
 Why the CPU matters: oneDNN's bf16 GEMM on CPUs with AMX (Xeon with `amx_bf16`) is batch variant — the rows of
@@ -82,7 +82,8 @@ MAX_TEST_CUTS = 1
 """The most `reporting.budget.STEPS` cuts a test layer takes: the first (ffn 256) halves the GEMMs' work and keeps
 every verdict the tiers assert; at two (ffn 256 and 64 tokens, or ffn 128) notebook 04's emulated split-K no longer
 fails the truncation test on the allgather (its GPU-like heuristic then splits K the same way at both row counts:
-docs/bench.md), so a CPU slower still runs the tests at one cut, over the budgets."""
+docs/bench.md), so a CPU slower still runs them at one cut, and the tier's budget test skips there with its
+figures."""
 
 
 @dataclasses.dataclass(frozen=True)
