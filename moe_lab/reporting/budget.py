@@ -361,5 +361,5 @@ def measure_on_engine() -> dict:
 
 __all__ = ["Sizing", "size", "predict", "measure_on_engine", "REFERENCE_SHAPE", "CALIBRATION", "STEPS",
            "DEFAULT_BUDGET_S", "VirtualEpSizing", "size_virtual_ep", "predict_virtual_ep", "measure_forward_on_engines",
-           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "COST_ROUND_KEYS", "ROUNDS_KEY", "VIRTUAL_EP_KEYS", "virtual_ep_work", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE",
-           "GPU_BUDGET_S"]
+           "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "COST_ROUND_KEYS", "ROUNDS_KEY", "VIRTUAL_EP_KEYS",
+           "virtual_ep_work", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE", "GPU_BUDGET_S", "cut"]

@@ -2,7 +2,8 @@
 attribution with its evidence, and the cheapest remedy that holds in every trial. Costs are paired ratios with an
 interval (`stats.interval_words`); the no-remedy case of the same setting is the A/A noise floor: a cost is worded by
 where its interval lies against it (`stats.against_floor`: inside it is "no measurable cost"), and remedies are never
-ranked inside the noise. A setting is (world, CUBLAS_WORKSPACE_CONFIG, emulation): on GPUs the remedies are measured with the workspace unset and set to ':4096:8'."""
+ranked inside the noise. A setting is (world, CUBLAS_WORKSPACE_CONFIG, emulation): on GPUs the remedies are measured
+with the workspace unset and set to ':4096:8'."""
 
 from __future__ import annotations
 
