@@ -22,15 +22,15 @@ $(VENV)/.moe_lab-ready: pyproject.toml
 reports: setup
 	$(BIN)/moe-lab run $(ARGS)
 
-# Tests: the unit tier on every core (pytest-xdist); the cluster tier (4 gloo engines) two test files at a time: most
-# of its time is spent waiting (timeouts, heartbeats, engines starting), so two keep two cores busy; a file stays on one
-# worker (its module-scoped cluster is started once) and each test tells its own processes apart from the other
-# worker's; then the notebook tier (whole `moe-lab run`s, each with its kernels and its own cluster) and the GPU tests
-# (skipped without GPUs), a file to a worker: the tier's run of every notebook and the tests that read it on one, the
-# report-folder and %%px files (a core mostly idle) on the other. Every run goes whatever the others say; a run that
+# Tests: the unit tier on every core (pytest-xdist); the cluster tier (4 gloo engines) three test files at a time: most
+# of its time is spent waiting (timeouts, heartbeats, engines starting): two left 2 cores ~21 % idle, three 6-11 %
+# (docs/bench.md); a file stays on one worker (its module-scoped cluster is started once) and each test tells its own
+# processes apart from the other workers'; then the notebook tier (whole `moe-lab run`s, each with its kernels and its
+# own cluster) and the GPU tests (skipped without GPUs), a file to a worker: the tier's run of every notebook and the
+# tests that read it on one, the report-folder and %%px files (a core mostly idle) on the other. Every run goes whatever the others say; a run that
 # selects no test (-k) is not a failure.
 UNIT_WORKERS ?= auto
-CLUSTER_WORKERS ?= 2
+CLUSTER_WORKERS ?= 3
 NOTEBOOK_WORKERS ?= 2
 test: setup
 	@rc=0; \
