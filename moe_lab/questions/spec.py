@@ -55,6 +55,11 @@ class Question:
     """Its typed parameters (`moe_lab.params.Section` or `Flat`), or None where it reads only the common keys."""
     axes: tuple[str, ...] = ()
     """Layer-config fields the question varies within one subject (left out of a finding's subject, e.g. seq_len)."""
+    max_cuts: int | None = None
+    """The most of a sized cpu-profile run's cuts (`reporting.budget.STEPS`, each halving the layer's GEMM work) its
+    cases take, where a smaller layer no longer shows its effect (None: as many as the run takes)."""
+    max_cuts_why: str = ""
+    """Why, in words the run's sizing note quotes: what was measured at the next cut."""
 
     def __post_init__(self):
         if not _NUMBER.match(self.number):
@@ -68,6 +73,10 @@ class Question:
         bad = sorted((set(self.answers.values()) | set(self.fallback_answers.values())) - set(ANSWER_COLUMNS))
         if bad:
             raise ValueError(f"question {self.number}: answers name column(s) {bad}; the columns are {ANSWER_COLUMNS}")
+        if self.max_cuts is not None and not (isinstance(self.max_cuts, int) and not isinstance(self.max_cuts, bool)
+                                              and self.max_cuts >= 0 and self.max_cuts_why.strip()):
+            raise ValueError(f"question {self.number}: max_cuts ({self.max_cuts!r}) must be a whole number >= 0 "
+                             f"with max_cuts_why saying what was measured at the next cut")
         if not self.runs or not self.experiments or not self.findings:
             raise ValueError(f"question {self.number}: runs, experiments and findings must each name at least one")
 

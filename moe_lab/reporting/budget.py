@@ -6,8 +6,9 @@ the CPU has bf16 instructions (AVX-512 BF16, AMX); an AVX2-only CPU takes torch'
 thread, as the engines run), predicts each notebook's cases' time from it with the line `CALIBRATION` measured on two
 runs of the profile (seconds = fixed + per_ms x the GEMM's ms), adds what the run spends outside cases, and, where the
 prediction is over the budget, runs a smaller layer: the experts' ffn width and the tokens per forward halved in turn
-(each step halves the GEMMs' work, `STEPS`), as few steps as the prediction says hold it. The report says what was
-measured, what was predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
+(each step halves the GEMMs' work, `STEPS`), as few steps as the prediction says hold it; a question whose effect a
+smaller layer loses (`Question.max_cuts`) stops at its own cuts. The report says what was measured, what was
+predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
 
 On one GPU shared by the ranks (virtual EP over gloo) the transport decides how long the gpu profile takes: every
 collective goes device → host → loopback TCP → host → device, most of a forward (docs/bench.md). So a gpu-profile run
@@ -24,7 +25,7 @@ only does the arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REFERENCE_SHAPE = (64, 256, 512)
 """(M, K, N) of the timed GEMM: one expert's GEMM in the cpu profile's layer (128 tokens x top-4 / 8 experts rows,
@@ -168,13 +169,26 @@ class Sizing(_Outcome):
     """The timed bf16 GEMM on this CPU (ms, median)."""
     fp32_ms: float = 0.0
     """The same GEMM in fp32 (ms): how far bf16 is from the CPU's plain speed."""
+    kept: dict = field(default_factory=dict)
+    """Notebook → the overrides it ran at, where its question's most cuts (`Question.max_cuts`) stopped it short of
+    the run's: a bigger layer than the others' (empty overrides: the profile's own)."""
+    kept_why: dict = field(default_factory=dict)
+    """Notebook → why its cuts stop there (`Question.max_cuts_why`)."""
+
+    def overrides_for(self, notebook: str) -> dict:
+        """The sizing's overrides notebook `notebook` runs at: the run's, or its own where it is kept bigger."""
+        return dict(self.kept.get(notebook, self.overrides))
 
     def words(self) -> str:
         speed = (f"this CPU's bf16 expert GEMM ({'x'.join(map(str, REFERENCE_SHAPE))}) took {self.gemm_ms:.2f} ms, "
                  f"{self.gemm_ms / self.fp32_ms:.1f}x its fp32 GEMM" if self.fp32_ms > 0 else
                  f"this CPU's bf16 expert GEMM took {self.gemm_ms:.2f} ms")
-        return self._words(speed, "layer", "a smaller layer", "the smallest layer the sizing cuts to",
-                           "the layer is too small to cut")
+        out = self._words(speed, "layer", "a smaller layer", "the smallest layer the sizing cuts to",
+                          "the layer is too small to cut")
+        for nb, ov in sorted(self.kept.items()):
+            at = f"a bigger layer ({', '.join(f'{k} {v}' for k, v in ov.items())})" if ov else "the profile's layer"
+            out += f" Notebook {nb} ran at {at}, its question's most cuts: {self.kept_why.get(nb, '')}."
+        return out
 
 
 def _halve(cur: dict, overrides: dict, key: str, factor: int) -> None:
@@ -210,10 +224,11 @@ def cut(layer: dict, steps: int) -> dict:
     return overrides
 
 
-def predict(gemm_ms: float, notebooks, calibration: dict = CALIBRATION, work: float = 1.0) -> float:
-    """Seconds for a run of `notebooks` (numbers) at a GEMM time of `gemm_ms`, with the GEMMs' work scaled by `work`:
-    the start, and each notebook's line through its two calibration runs (the fixed part does not scale; the GEMM
-    part does)."""
+def predict(gemm_ms: float, notebooks, calibration: dict = CALIBRATION, work: float = 1.0,
+            work_of: dict | None = None) -> float:
+    """Seconds for a run of `notebooks` (numbers) at a GEMM time of `gemm_ms`, with the GEMMs' work scaled by `work`
+    (`work_of`: notebook → its own scale, where it differs): the start, and each notebook's line through its two
+    calibration runs (the fixed part does not scale; the GEMM part does)."""
     lo, hi = calibration["gemm_ms"]
     total = float(calibration.get("start_s", 0.0))
     for nb in notebooks:
@@ -225,30 +240,44 @@ def predict(gemm_ms: float, notebooks, calibration: dict = CALIBRATION, work: fl
         fixed = t[0] - per_ms * lo
         if fixed < 0:  # the two runs' line crosses zero above 0 ms (noise): through the origin and the slow run
             per_ms, fixed = t[1] / hi, 0.0
-        total += fixed + per_ms * gemm_ms * work
+        total += fixed + per_ms * gemm_ms * (work_of or {}).get(nb, work)
     return total
 
 
 def size(gemm_ms: float, fp32_ms: float, layer: dict, notebooks, *, budget_s: float = DEFAULT_BUDGET_S,
-         calibration: dict = CALIBRATION) -> Sizing:
+         calibration: dict = CALIBRATION, floors: dict | None = None) -> Sizing:
     """The first prefix of `STEPS` whose predicted time holds `budget_s` (all of them where none does).
-    `layer`: the profile's values of the keys the steps cut (ffn_hidden, seq_len, cut, seq_lens)."""
+    `layer`: the profile's values of the keys the steps cut (ffn_hidden, seq_len, cut, seq_lens). `floors`: notebook
+    → (its most cuts, why) (`Question.max_cuts`): such a notebook stops at its own cuts, and is predicted at its own
+    layer, while the others are cut further."""
     if not (isinstance(budget_s, (int, float)) and budget_s > 0):
         raise ValueError(f"budget ({budget_s!r}) must be a positive number of seconds (0 turns sizing off)")
+    floors = {nb: f for nb, f in (floors or {}).items() if nb in notebooks}
     full = predict(gemm_ms, notebooks, calibration)
     overrides: dict = {}
-    work, predicted = 1.0, full
+    taken: list[int] = []  # the factors of the cuts taken, in order
+    predicted = full
     cur = dict(layer)
+
+    def work(n_cuts: int) -> float:
+        out = 1.0
+        for f in taken[:n_cuts]:
+            out /= f
+        return out
+
     for key, factor in STEPS:
         if predicted <= budget_s:
             break
         if not _splits(cur, key, factor):  # the layer would be too small to split: stop cutting
             break
         _halve(cur, overrides, key, factor)
-        work /= factor
-        predicted = predict(gemm_ms, notebooks, calibration, work)
+        taken.append(factor)
+        predicted = predict(gemm_ms, notebooks, calibration, work(len(taken)),
+                            work_of={nb: work(most) for nb, (most, _) in floors.items()})
+    kept = {nb: cut(layer, most) for nb, (most, _) in floors.items() if most < len(taken)}
     return Sizing(gemm_ms=gemm_ms, fp32_ms=fp32_ms, budget_s=float(budget_s), predicted_full_s=full,
-                  predicted_s=predicted, overrides=overrides, held=predicted <= budget_s)
+                  predicted_s=predicted, overrides=overrides, held=predicted <= budget_s, kept=kept,
+                  kept_why={nb: floors[nb][1] for nb in kept})
 
 
 @dataclass(frozen=True)

@@ -437,15 +437,19 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                                        if isinstance(v, (int, float))}
         sizing = _size_for_this_machine(cluster, config, profile, overrides or {}, [n for n, _ in chosen],
                                         budget)
+        own_params: dict = {}  # notebook → its parameters, where they are not the run's (`Sizing.kept`)
         if sizing is not None:
             meta["sizing"] = sizing.words()
             meta["sizing_for"] = "GPU" if config.cluster.device == "cuda" else "CPU"
             meta["sizing_numbers"] = dataclasses.asdict(sizing)  # what a later calibration reads (reporting.budget)
             logger.info("sizing: %s", meta["sizing"])
             if sizing.overrides:
-                overrides = {**(overrides or {}), **sizing.overrides}
+                given = dict(overrides or {})
+                overrides = {**given, **sizing.overrides}
                 config = profiles.load(profile, overrides)
                 meta["parameters"] = json.dumps(config.public())  # the index shows the layer that ran
+                # a notebook whose question stops at fewer cuts runs its own, bigger layer (the sizing says so)
+                own_params = {nb: {**given, **ov} for nb, ov in getattr(sizing, "kept", {}).items()}
         # the bar only once the lock is held: a refused second run prints its one line and nothing else
         shared_gib = _shared_gpu_gib(cluster, config)
         at_once = notebooks_at_once(len(chosen))
@@ -468,8 +472,8 @@ def run_all(*, profile: str | None = None, only: str | None = None, overrides: d
                     while todo and len(running) < at_once:  # at most `at_once`: the next starts as one ends
                         num, src = todo.pop(0)
                         logger.info("running %s (profile %s) → %s", src.name, profile, out_dir)
-                        running.append(_Running(num, src, out_dir, params, profile, timeout or 1800,
-                                                threaded=at_once > 1))
+                        running.append(_Running(num, src, out_dir, own_params.get(num, params), profile,
+                                                timeout or 1800, threaded=at_once > 1))
                         if bar is not None:
                             bar.set_postfix_str(" + ".join(r.src.name for r in running))
                     # whichever ends first: a short notebook beside a long one hands its place to the next, whose
@@ -558,12 +562,15 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
         return budget_mod.size_virtual_ep(max(per_rank) * 1e3, cluster.state.config.ranks_per_gpu,
                                           budget_mod.virtual_ep_work(config), notebooks,
                                           budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
+    from ..questions import BY_NUMBER
     from ..questions.seq_len.params import SeqLenParams
 
     took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
     layer = {"ffn_hidden": config.layer.ffn_hidden, "seq_len": config.layer.seq_len, "cut": config.run.cut,
              "seq_lens": list(config.params(SeqLenParams).seq_lens)}
-    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks,
+    floors = {nb: (BY_NUMBER[nb].max_cuts, BY_NUMBER[nb].max_cuts_why) for nb in notebooks
+              if nb in BY_NUMBER and BY_NUMBER[nb].max_cuts is not None}
+    return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks, floors=floors,
                            budget_s=budget_mod.DEFAULT_BUDGET_S if budget is None else budget)
 
 

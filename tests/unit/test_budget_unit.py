@@ -89,6 +89,99 @@ def test_cuts_stop_where_the_layer_is_too_small_to_split_and_a_bad_count_is_refu
             budget.cut(LAYER, bad)
 
 
+FLOOR = {"05": (1, "at two cuts its effect was gone")}
+
+
+def test_a_question_that_loses_its_effect_on_a_smaller_layer_stops_at_its_own_cuts():
+    """Notebook 05 here holds at most one cut: the run cuts the others twice, 05 runs at ffn 256 with the profile's
+    tokens, its prediction at half the work (not a quarter), and the words say which layer it ran and why. The
+    control: without the floor the same sizing gives 05 the run's layer."""
+    nbs = ["01", "05"]
+    free = budget.size(9.0, 0.5, LAYER, nbs, budget_s=300, calibration=CAL)
+    assert free.overrides == budget.cut(LAYER, 2) and free.kept == {} and free.overrides_for("05") == free.overrides
+    s = budget.size(9.0, 0.5, LAYER, nbs, budget_s=300, calibration=CAL, floors=FLOOR)
+    assert s.overrides == budget.cut(LAYER, 2) and s.overrides_for("01") == s.overrides
+    assert s.kept == {"05": {"ffn_hidden": 256}} and s.overrides_for("05") == {"ffn_hidden": 256}
+    assert s.predicted_s == pytest.approx(budget.predict(9.0, nbs, CAL, 0.25, work_of={"05": 0.5}))
+    assert s.predicted_s > free.predicted_s
+    assert ("Notebook 05 ran at a bigger layer (ffn_hidden 256), its question's most cuts: at two cuts its effect "
+            "was gone.") in s.words()
+    assert "Notebook 05" not in free.words()
+    # a floor of none keeps the profile's layer; a floor the run does not reach, or a notebook not run, changes nothing
+    zero = budget.size(9.0, 0.5, LAYER, nbs, budget_s=300, calibration=CAL, floors={"05": (0, "why")})
+    assert zero.kept == {"05": {}} and "Notebook 05 ran at the profile's layer, its question's most cuts: why." \
+        in zero.words()
+    assert budget.size(9.0, 0.5, LAYER, nbs, budget_s=300, calibration=CAL, floors={"05": (3, "why")}).kept == {}
+    assert budget.size(9.0, 0.5, LAYER, ["01"], budget_s=300, calibration=CAL, floors=FLOOR).kept == {}
+
+
+@settings(max_examples=150, deadline=None)
+@given(gemm=st.floats(0.01, 1e4), b=st.floats(1, 1e4), most=st.integers(0, 4))
+def test_a_floored_notebook_runs_the_layer_its_cuts_give_and_the_prediction_counts_it(gemm, b, most):
+    nbs = ["01", "05", "06"]
+    s = budget.size(gemm, 1.0, LAYER, nbs, budget_s=b, calibration=CAL, floors={"05": (most, "why")})
+    n = ({512: 0, 256: 1, 128: 2, 64: 3}[s.overrides.get("ffn_hidden", 512)]
+         + {128: 0, 64: 1, 32: 2}[s.overrides.get("seq_len", 128)])
+    assert s.overrides == budget.cut(LAYER, n)
+    assert s.overrides_for("05") == budget.cut(LAYER, min(n, most)) and ("05" in s.kept) == (most < n)
+    assert s.predicted_s == pytest.approx(budget.predict(gemm, nbs, CAL, 2.0 ** -n, work_of={"05": 2.0 ** -min(n, most)}))
+    assert s.held == (s.predicted_s <= b)
+
+
+def test_notebook_04_holds_one_cut_with_its_reason():
+    """The truncation question's floor (its emulated split-K: docs/bench.md) as the sizing reads it."""
+    from moe_lab.questions import BY_NUMBER
+
+    q = BY_NUMBER["04"]
+    assert q.max_cuts == 1 and "truncation test passed bitwise" in q.max_cuts_why
+    assert [n for n, q in BY_NUMBER.items() if q.max_cuts is not None] == ["04"]
+
+
+@pytest.mark.parametrize("most, why", [(-1, "why"), (1.0, "why"), (True, "why"), (1, " ")])
+def test_a_question_with_a_bad_floor_is_refused(most, why):
+    from moe_lab.questions.spec import Question
+
+    with pytest.raises(ValueError, match="max_cuts"):
+        Question(number="98", name="x", text="x?", notebook="98_x", package="p", experiments=("x",), max_cuts=most,
+                 max_cuts_why=why)
+    Question(number="98", name="x", text="x?", notebook="98_x", package="p", experiments=("x",), max_cuts=1,
+             max_cuts_why="why")  # the control
+
+
+def test_a_sized_run_hands_a_floored_notebook_its_own_layer(tmp_path, monkeypatch):
+    """`run_all` with a sizing that keeps 04 at one cut: 04's kernel gets its own parameters (the user's and its
+    cuts), 03's the run's; the index says why. No cluster, no notebook: both are stand-ins here."""
+    import contextlib
+    import json
+
+    from moe_lab.reporting import runner
+
+    given = {"seed": 7}
+    sized = budget.size(9.0, 0.5, LAYER, ["03", "04"], budget_s=1, calibration=CAL, floors={"04": (1, "its why")})
+    assert sized.kept == {"04": {"ffn_hidden": 256}} and len(sized.overrides) == 4
+    seen = {}
+
+    class Cluster:
+        timings, info = {}, []
+
+    @contextlib.contextmanager
+    def shared(*a, **k):
+        yield Cluster()
+
+    def run_one(num, src, out_dir, params, profile, timeout, **k):
+        seen[num] = dict(params)
+        return {**runner._row(num, src, "ok", "", 0.0), "verdict": "stand-in"}
+
+    monkeypatch.setattr(runner, "_shared_cluster", shared)
+    monkeypatch.setattr(runner, "_size_for_this_machine", lambda *a, **k: sized)
+    monkeypatch.setattr(runner, "run_one", run_one)
+    monkeypatch.setenv("MOE_LAB_OVERLAP", "0")
+    assert runner.run_all(profile="cpu", only="03,04", overrides=dict(given), out=str(tmp_path / "out")) == 0
+    assert seen == {"03": {**given, **sized.overrides}, "04": {**given, "ffn_hidden": 256}}
+    meta = json.loads((tmp_path / "out" / "index.json").read_text())["meta"]
+    assert "Notebook 04 ran at a bigger layer (ffn_hidden 256), its question's most cuts: its why." in meta["sizing"]
+
+
 def test_the_calibration_covers_every_notebook_that_runs_on_the_cpu_profile():
     from moe_lab.questions import QUESTIONS
 

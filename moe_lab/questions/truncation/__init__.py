@@ -18,4 +18,8 @@ QUESTION = Question(
     figures="figures",
     compare="compare",
     params=TruncationParams,
+    max_cuts=1,
+    max_cuts_why="at two cuts (ffn 256 and 64 tokens, or ffn 128) the emulated split-K splits K the same way at both "
+                 "row counts and the allgather's truncation test passed bitwise on the CPU, where it fails by 8 ULP "
+                 "at one (docs/bench.md)",
 )
