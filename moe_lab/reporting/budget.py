@@ -175,10 +175,6 @@ class Sizing(_Outcome):
     kept_why: dict = field(default_factory=dict)
     """Notebook → why its cuts stop there (`Question.max_cuts_why`)."""
 
-    def overrides_for(self, notebook: str) -> dict:
-        """The sizing's overrides notebook `notebook` runs at: the run's, or its own where it is kept bigger."""
-        return dict(self.kept.get(notebook, self.overrides))
-
     def words(self) -> str:
         speed = (f"this CPU's bf16 expert GEMM ({'x'.join(map(str, REFERENCE_SHAPE))}) took {self.gemm_ms:.2f} ms, "
                  f"{self.gemm_ms / self.fp32_ms:.1f}x its fp32 GEMM" if self.fp32_ms > 0 else
