@@ -63,13 +63,23 @@ def probe_cases(cfgs: list[MoEConfig], *, cut: int, repeats: int) -> list:
 # ---------------------------------------------------------------------------------------------- the usual way
 
 
+def rendezvous_port() -> int:
+    """The port rank 0 of a fresh spawn binds for the rendezvous, chosen before any rank starts (as torchrun's
+    MASTER_PORT): one from below the OS's ephemeral range (`controller.ports.reserve`), which no other process's bind
+    to port 0 or outgoing connection takes in between — a port the OS picks can be taken by any of them before rank 0
+    binds it (EADDRINUSE) —; the OS's pick where that range does not exist."""
+    from ..controller import ports
+    from ..engine.dist import free_port
+
+    reserved = ports.reserve(1)
+    return reserved[0] if reserved else free_port()
+
+
 def spawn(cases: list[dict], *, world: int, device: str, timeout_s: float = 300.0) -> dict:
     """`world` fresh Python processes, one rank each, as torchrun starts its workers (without torchrun's own
     launcher process: a lower bound on its cost). Returns wall times and every rank's results."""
-    from ..engine.dist import free_port
-
     work = Path(tempfile.mkdtemp(prefix="moe_lab_bench_"))
-    spec = dict(world=world, port=free_port(), device=device, timeout_s=timeout_s, cases=cases)
+    spec = dict(world=world, port=rendezvous_port(), device=device, timeout_s=timeout_s, cases=cases)
     spec_path = work / "spec.pkl"
     spec_path.write_bytes(pickle.dumps(spec))
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from moe_lab.tools.bench_engine import spawn_worker; "

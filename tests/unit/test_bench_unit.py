@@ -1,4 +1,7 @@
-"""bench's equality rule: on GPU only deterministic-mode configs are held equal between the two paths."""
+"""bench's equality rule: on GPU only deterministic-mode configs are held equal between the two paths; a fresh spawn's
+rendezvous port."""
+
+import pytest
 
 from moe_lab.tools import bench
 from moe_lab.config import MoEConfig
@@ -43,3 +46,20 @@ def test_capture_only_checks_rounds_before_starting_anything():
 
     with pytest.raises(ValueError, match=r"rounds \(1\) must be an integer >= 2"):
         bench.capture_overhead(device="cpu", rounds=1)
+
+
+def test_a_fresh_spawns_rendezvous_port_is_below_the_ephemeral_range(tmp_path, monkeypatch):
+    """Chosen before rank 0 binds it: from below the OS's ephemeral range (which no bind to port 0 or outgoing
+    connection takes meanwhile) and out of the next choices; the control: where that range does not exist, the OS's
+    own pick, which lies inside it."""
+    from moe_lab.controller import ports
+
+    monkeypatch.setattr(ports, "registry_path", lambda: tmp_path / "ports.json")
+    span = ports.candidate_range()
+    if span is None:
+        pytest.skip(f"this OS leaves no port range below its ephemeral one ({ports.EPHEMERAL})")
+    low = int(ports.EPHEMERAL.read_text().split()[0])
+    picked = [bench.rendezvous_port() for _ in range(20)]
+    assert all(span[0] <= p < low for p in picked) and len(set(picked)) == 20
+    monkeypatch.setattr(ports, "candidate_range", lambda: None)
+    assert bench.rendezvous_port() >= low
