@@ -104,12 +104,9 @@ class CpuLayer:
     def overrides(self, profile: str = "cpu") -> dict:
         """Profile keys → values that give `profile` (a name or a file) this layer (empty: its own)."""
         from moe_lab import profiles
-        from moe_lab.questions.seq_len.params import SeqLenParams
         from moe_lab.reporting import budget
 
-        p = profiles.load(profile)
-        return budget.cut({"ffn_hidden": p.layer.ffn_hidden, "seq_len": p.layer.seq_len, "cut": p.run.cut,
-                           "seq_lens": list(p.params(SeqLenParams).seq_lens)}, self.cuts)
+        return budget.cut(budget.layer_work(profiles.load(profile)), self.cuts)
 
     def config(self, profile: str = "cpu"):
         """`profile` (a name or a file) at this layer: its RunConfig (the layer, and the truncation cut with it)."""

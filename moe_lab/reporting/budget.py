@@ -124,6 +124,16 @@ def virtual_ep_work(config) -> dict:
             "training.cost_rounds": train.cost_rounds,
             "presets.cost_rounds": config.params(PresetParams).cost_rounds}
 
+
+def layer_work(config) -> dict:
+    """The profile's values in `config` (a `run_config.RunConfig`) of the keys `STEPS` cut: ffn_hidden, seq_len, the
+    truncation cut and notebook 09's lengths — what `size` and `cut` start from."""
+    from ..questions.seq_len.params import SeqLenParams
+
+    return {"ffn_hidden": config.layer.ffn_hidden, "seq_len": config.layer.seq_len, "cut": config.run.cut,
+            "seq_lens": list(config.params(SeqLenParams).seq_lens)}
+
+
 TOKENS_SCALED = ("01", "02", "03", "04", "05", "07", "08", "09")
 """The notebooks whose cases run the profile's layer at its tokens per forward (06 runs its training preset)."""
 
@@ -387,4 +397,4 @@ def measure_on_engine() -> dict:
 __all__ = ["Sizing", "size", "predict", "measure_on_engine", "REFERENCE_SHAPE", "CALIBRATION", "STEPS",
            "DEFAULT_BUDGET_S", "VirtualEpSizing", "size_virtual_ep", "predict_virtual_ep", "measure_forward_on_engines",
            "VIRTUAL_EP_CALIBRATION", "VIRTUAL_EP_STEPS", "COST_ROUND_KEYS", "ROUNDS_KEY", "VIRTUAL_EP_KEYS",
-           "virtual_ep_work", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE", "GPU_BUDGET_S", "cut"]
+           "virtual_ep_work", "layer_work", "TOKENS_SCALED", "TOKENS_FIXED_SHARE", "STEPS_FIXED_SHARE", "GPU_BUDGET_S", "cut"]

@@ -563,11 +563,9 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
                                           budget_mod.virtual_ep_work(config), notebooks,
                                           budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
     from ..questions import BY_NUMBER
-    from ..questions.seq_len.params import SeqLenParams
 
     took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)
-    layer = {"ffn_hidden": config.layer.ffn_hidden, "seq_len": config.layer.seq_len, "cut": config.run.cut,
-             "seq_lens": list(config.params(SeqLenParams).seq_lens)}
+    layer = budget_mod.layer_work(config)
     floors = {nb: (BY_NUMBER[nb].max_cuts, BY_NUMBER[nb].max_cuts_why) for nb in notebooks
               if nb in BY_NUMBER and BY_NUMBER[nb].max_cuts is not None}
     return budget_mod.size(took["bf16_ms"], took["fp32_ms"], layer, notebooks, floors=floors,

@@ -78,6 +78,15 @@ def test_a_chosen_number_of_cuts_is_the_layer_sizing_takes_at_that_many(gemm, b)
     assert budget.cut(LAYER, n) == s.overrides
 
 
+def test_the_sizing_starts_from_the_profiles_own_layer():
+    """What `layer_work` reads of a profile is what the sizing cuts (the cpu profile's is this file's LAYER); the
+    control: an overridden width is read as given."""
+    from moe_lab import profiles
+
+    assert budget.layer_work(profiles.load("cpu")) == LAYER
+    assert budget.layer_work(profiles.load("cpu", {"ffn_hidden": 384}))["ffn_hidden"] == 384
+
+
 def test_cuts_stop_where_the_layer_is_too_small_to_split_and_a_bad_count_is_refused():
     assert budget.cut(LAYER, 0) == {}
     assert budget.cut(LAYER, 1) == {"ffn_hidden": 256}
