@@ -110,6 +110,7 @@ def paired(with_change: list[float], without: list[float], level: float = LEVEL)
             "t_with_s": statistics.median(with_change), "t_without_s": statistics.median(without)}
 
 
+PLACEMENT_FIELDS = ("world", "ranks_per_gpu", "backend", "device", "transport")
 TRANSPORT_BOUND = 0.5  # collective share of the plain forward above which its wall time is mostly transport
 
 
@@ -125,11 +126,13 @@ def collective_share(per_rank_wall: list[list[float]], per_rank_coll: list[list[
     return statistics.median(shares) if shares else None
 
 
-def placement(world=None, ranks_per_gpu=None, backend=None, device=None) -> str | None:
+def placement(world=None, ranks_per_gpu=None, backend=None, device=None, transport=None) -> str | None:
     """How the ranks that measured a cost sat, in words: '4 ranks share one GPU over gloo (virtual EP)', 'one rank
-    per GPU over NCCL (2 GPUs)', '4 CPU engines over gloo'. None when the device is not known."""
+    per GPU over NCCL (2 GPUs)', '4 CPU engines over gloo'; with `transport` (what carried the all-to-alls where not
+    the backend, engine.ipc_collectives): '4 ranks share one GPU over gloo, all-to-alls through CUDA IPC (virtual
+    EP)'. None when the device is not known."""
     b = {"nccl": "NCCL"}.get(str(backend).lower(), backend) if backend else None
-    over = f" over {b}" if b else ""
+    over = (f" over {b}" if b else "") + (f", all-to-alls through {transport}" if transport else "")
     if device == "cpu":
         return f"{world} CPU engine{'s' if world != 1 else ''}{over}" if world else f"CPU engines{over}"
     if device != "cuda":
@@ -153,7 +156,7 @@ def paired_cost(per_rank: list[dict], with_change: str, without: str, level: flo
       collective_share   {"with": s, "without": s}: median over rounds of collective / wall (`collective_share`)
       collective_calls   {"with": n, "without": n}: collectives per call (rank 0, first timed round)
       transport_bound    the plain forward's collective share > TRANSPORT_BOUND: read `compute` (headline_cost)
-    and `placement` (words) with `placement_fields` (world, ranks_per_gpu, backend, device) where the engines said
+    and `placement` (words) with `placement_fields` (PLACEMENT_FIELDS) where the engines said
     it, and `environment` when given. A per-rank result without "wall_s" (an older engine: {name: [seconds]}) gives
     the wall figures only."""
     def wall(r):
@@ -176,7 +179,7 @@ def paired_cost(per_rank: list[dict], with_change: str, without: str, level: flo
         cost["transport_bound"] = share is not None and share > TRANSPORT_BOUND
     where = per_rank[0].get("placement") if per_rank and "wall_s" in per_rank[0] else None
     if where:
-        cost["placement"] = placement(**{k: where.get(k) for k in ("world", "ranks_per_gpu", "backend", "device")})
+        cost["placement"] = placement(**{k: where.get(k) for k in PLACEMENT_FIELDS})
         cost["placement_fields"] = dict(where)
     if environment is not None:
         cost["environment"] = environment

@@ -167,7 +167,7 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
 
     Backend: NCCL with one rank per GPU; gloo on CPU and when `ranks_per_gpu` > 1 ranks share a GPU (virtual EP:
     NCCL refuses two ranks on one device, gloo runs every collective megatron's dispatchers use on CUDA tensors,
-    staged through the host). `local_rank` / `local_world`: this engine's index among the engines on its node, and
+    staged through the host, but for the all-to-alls, which the ranks' shared buffers carry: engine.ipc_collectives). `local_rank` / `local_world`: this engine's index among the engines on its node, and
     how many run there (the controller knows them from every engine's node); the GPU follows from them.
     """
     t0 = time.perf_counter()
@@ -176,7 +176,7 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
     import torch.distributed as tdist
 
     from .. import switches
-    from . import compat, shims
+    from . import compat, ipc_collectives, shims
 
     if device == "cuda":
         gpu = gpu_index(rank=rank, local_rank=local_rank, local_world=local_world, n_gpu=torch.cuda.device_count(),
@@ -189,9 +189,11 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
         shims.fix_missing_te()
         if backend == "gloo":
             shims.apply_gloo_shims()
+            ipc_collectives.install(device)
     else:
         torch.set_num_threads(1)  # N engines share the cores; oversubscription only slows every rank
         shims.apply_cpu_shims()
+        ipc_collectives.install(device)
         dev = torch.device("cpu")
         backend = "gloo"
         gpu = None
@@ -337,7 +339,7 @@ def describe() -> dict:
     from megatron.core import parallel_state as ps
 
     from .. import provenance
-    from . import compat
+    from . import compat, ipc_collectives
 
     cuda = STATE.get("device") == "cuda"
     nccl = None
@@ -348,6 +350,7 @@ def describe() -> dict:
             nccl = None
     libs = provenance.cuda_libraries() if cuda else {"cuda": None, "cublas": None, "driver": None}
     rpg = STATE.get("ranks_per_gpu", 1)
+    carried = ipc_collectives.describe()
     return {
         "rank": tdist.get_rank(),
         "world": tdist.get_world_size(),
@@ -358,8 +361,10 @@ def describe() -> dict:
         "gpu_index": STATE.get("gpu_index"),
         "gpu_memory_bytes": torch.cuda.get_device_properties(STATE["gpu_index"]).total_memory if cuda else None,
         "ranks_per_gpu": rpg if cuda else None,
-        "placement": ("one rank per GPU" if rpg == 1 else f"{rpg} ranks share each GPU (virtual EP)") if cuda
-        else f"{tdist.get_world_size()} CPU engines",
+        "placement": ("one rank per GPU" if rpg == 1 else f"{rpg} ranks share each GPU (virtual EP)"
+                      + (f", all-to-alls through {carried}" if carried else "")) if cuda
+        else f"{tdist.get_world_size()} CPU engines" + (f", all-to-alls through {carried}" if carried else ""),
+        "transport": carried,
         "host": STATE.get("host"),
         "local_rank": STATE.get("local_rank"),
         "pid": os.getpid(),
@@ -409,8 +414,11 @@ def release_caches() -> bool:
 
     import torch
 
+    from . import ipc_collectives
+
     STATE["layers"], STATE["stacks"] = {}, {}
     STATE.pop("case_caches", None)
+    ipc_collectives.forget_groups()  # every rank drops its shared buffers here, so each group sets up again alike
     gc.collect()
     if STATE.get("device") == "cuda":
         torch.cuda.empty_cache()
@@ -430,6 +438,9 @@ def teardown() -> bool:
 
     if tdist.is_initialized():
         tdist.destroy_process_group()
+    from . import ipc_collectives
+
+    ipc_collectives.forget_groups()
     kept = {k: STATE[k] for k in ("stack_fh", "prepared") if k in STATE}
     STATE.clear()
     STATE.update(kept)  # the stack dump handler and what the imports were made for stay with the process

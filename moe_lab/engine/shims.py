@@ -83,6 +83,19 @@ def apply_cpu_shims() -> list[str]:
     return list(_APPLIED)
 
 
+_ALL_TO_ALL_TRANSPORT: dict = {}
+
+
+def set_all_to_all_transport(transport) -> None:
+    """Another way for the gloo shims' all-to-all to move its bytes (`engine.ipc_collectives.all_to_all`: buffers the
+    ranks share), or None for gloo's own. Called as transport(gloo_all_to_all, output, input, output_splits,
+    input_splits, group) for synchronous calls; it returns False where gloo is to do the call."""
+    if transport is None:
+        _ALL_TO_ALL_TRANSPORT.clear()
+    else:
+        _ALL_TO_ALL_TRANSPORT["all_to_all"] = transport
+
+
 def apply_gloo_shims() -> None:
     """gloo's all_to_all_single wants split sizes as lists of ints; megatron's alltoall dispatcher hands it tensors or
     numpy arrays (NCCL takes those). Applied on CPU engines and on GPU engines that share a GPU (gloo, virtual EP)."""
@@ -91,8 +104,13 @@ def apply_gloo_shims() -> None:
         return
 
     @functools.wraps(orig_a2a)
-    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
-        return orig_a2a(output, input, _as_list(output_split_sizes), _as_list(input_split_sizes), *a, **k)
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op=False):
+        out_splits, in_splits = _as_list(output_split_sizes), _as_list(input_split_sizes)
+        transport = _ALL_TO_ALL_TRANSPORT.get("all_to_all")
+        if transport is not None and not async_op and transport(orig_a2a, output, input, out_splits, in_splits, group):
+            return None
+        return orig_a2a(output, input, out_splits, in_splits, group=group, async_op=async_op)
 
     all_to_all_single._moe_lab_lists = True
     torch.distributed.all_to_all_single = all_to_all_single

@@ -295,11 +295,14 @@ class VirtualEpSizing(_Outcome):
     reference_ms: float = 0.0
     """The same forward in the calibration run."""
     ranks: int = 0
+    transport: str | None = None
+    """What carried the ranks' all-to-alls where not gloo (engine.ipc_collectives: 'CUDA IPC'); None: gloo."""
 
     def words(self) -> str:
-        speed = (f"{self.ranks} ranks share this GPU over gloo, so the transport between them sets the pace: a plain "
-                 f"forward of the profile's layer took {self.forward_ms:.0f} ms ({self.reference_ms:.0f} ms in the "
-                 f"calibration run on one H200)")
+        carried = f", their all-to-alls through {self.transport}" if self.transport else ""
+        speed = (f"{self.ranks} ranks share this GPU over gloo{carried}: a plain forward of the profile's layer took "
+                 f"{self.forward_ms:.0f} ms ({self.reference_ms:.0f} ms in the calibration run on one H200, every "
+                 f"collective over gloo)")
         return self._words(speed, "work", "less work", "the least work the sizing cuts to", "nothing left to cut")
 
 
@@ -331,7 +334,7 @@ def predict_virtual_ep(forward_ms: float, notebooks, calibration: dict = VIRTUAL
 
 
 def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, budget_s: float = GPU_BUDGET_S,
-                    calibration: dict = VIRTUAL_EP_CALIBRATION) -> VirtualEpSizing:
+                    calibration: dict = VIRTUAL_EP_CALIBRATION, transport: str | None = None) -> VirtualEpSizing:
     """The first prefix of `VIRTUAL_EP_STEPS` whose prediction holds `budget_s` (all of them where none does; a cut
     with nothing to take is passed over). `layer`: the profile's training.steps and the `COST_ROUND_KEYS`' values."""
     if not (isinstance(budget_s, (int, float)) and budget_s > 0):
@@ -359,7 +362,7 @@ def size_virtual_ep(forward_ms: float, ranks: int, layer: dict, notebooks, *, bu
             _halve(cur, overrides, key, value)
         predicted = predict_virtual_ep(forward_ms, notebooks, calibration, steps=steps, rounds=rounds)
     return VirtualEpSizing(forward_ms=float(forward_ms), reference_ms=float(calibration["forward_ms"]), ranks=ranks,
-                           budget_s=float(budget_s), predicted_full_s=full, predicted_s=predicted,
+                           transport=transport, budget_s=float(budget_s), predicted_full_s=full, predicted_s=predicted,
                            overrides=overrides, held=predicted <= budget_s)
 
 

@@ -561,7 +561,8 @@ def _size_for_this_machine(cluster, config, profile: str, overrides: dict, noteb
                              timeout=300)
         return budget_mod.size_virtual_ep(max(per_rank) * 1e3, cluster.state.config.ranks_per_gpu,
                                           budget_mod.virtual_ep_work(config), notebooks,
-                                          budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget)
+                                          budget_s=budget_mod.GPU_BUDGET_S if budget is None else budget,
+                                          transport=(cluster.state.info or [{}])[0].get("transport"))
     from ..questions import BY_NUMBER
 
     took = calls.call(cluster.state, 0, budget_mod.measure_on_engine, what="timing one bf16 GEMM", timeout=120)

@@ -244,8 +244,10 @@ def test_the_virtual_ep_prediction_scales_the_calibration_run_by_the_measured_fo
 def test_a_fast_transport_runs_the_profiles_work_and_says_so():
     s = budget.size_virtual_ep(50.0, 4, VLAYER, NBS, budget_s=600, calibration=VCAL)
     assert s.overrides == {} and s.held and s.predicted_s == pytest.approx(250)
-    assert "4 ranks share this GPU over gloo" in s.words() and "it ran the profile's work." in s.words()
+    assert "4 ranks share this GPU over gloo: a plain forward" in s.words() and "it ran the profile's work." in s.words()
     assert "took 50 ms (100 ms in the calibration run" in s.words()
+    ipc = budget.size_virtual_ep(50.0, 4, VLAYER, NBS, budget_s=600, calibration=VCAL, transport="CUDA IPC")
+    assert "4 ranks share this GPU over gloo, their all-to-alls through CUDA IPC: a plain forward" in ipc.words()
 
 
 def test_a_slow_transport_cuts_06s_steps_and_never_the_tokens():
@@ -402,9 +404,10 @@ def test_a_gpu_profile_run_on_ranks_sharing_a_gpu_times_a_plain_forward_and_size
 
     def cluster(ranks_per_gpu):
         return SimpleNamespace(state=SimpleNamespace(config=SimpleNamespace(ranks_per_gpu=ranks_per_gpu),
-                                                     engine_ids=[0, 1, 2, 3]))
+                                                     engine_ids=[0, 1, 2, 3], info=[{"transport": "CUDA IPC"}] * 4))
 
     s = runner._size_for_this_machine(cluster(4), config, "gpu", {}, nbs, None)
+    assert s.transport == "CUDA IPC"  # the engines' word for what carried their all-to-alls
     assert len(asked) == 1 and asked[0][0] is budget.measure_forward_on_engines
     assert asked[0][1]["dispatcher"] == "allgather" and asked[0][1]["router_dtype"] == "none"
     assert asked[0][1]["seq_len"] == config.layer.seq_len and asked[0][2]["ep"] == 4

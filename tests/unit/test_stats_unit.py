@@ -162,6 +162,8 @@ def test_placement_in_words():
     assert stats.placement(2, 1, "nccl", "cuda") == "one rank per GPU over NCCL (2 GPUs)"
     assert stats.placement(1, 1, "nccl", "cuda") == "one rank on one GPU over NCCL"
     assert stats.placement(4, None, "gloo", "cpu") == "4 CPU engines over gloo"
+    assert stats.placement(4, 4, "gloo", "cuda", "CUDA IPC") == \
+        "4 ranks share one GPU over gloo, all-to-alls through CUDA IPC (virtual EP)"
     assert stats.placement() is None
 
 
