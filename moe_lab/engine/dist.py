@@ -287,6 +287,9 @@ def init_parallel_state(*, tp: int, ep: int, etp: int | None = None) -> None:
         ps.destroy_model_parallel()
         STATE["layers"], STATE["stacks"] = {}, {}  # they hold the old groups: drop them before the groups go
         _destroy_groups(STATE.pop("megatron_groups", ()))
+        from . import ipc_collectives
+
+        ipc_collectives.forget_groups()  # the old layout's buffers: room for the next layout's layer
     before = _process_groups()
     from . import compat
 

@@ -41,7 +41,7 @@ SWITCH = "MOE_LAB_IPC_COLLECTIVES"
 MAX_BUFFER_BYTES = 4 << 30
 """A rank's part of an all-to-all beyond which the call takes gloo (its two buffers would hold twice this)."""
 
-STATS = {"ipc_all_to_all": 0, "ipc_checked": 0, "ipc_kept_gloo": 0, "ipc_too_large": 0, "ipc_buffer_bytes": 0}
+STATS = {"ipc_all_to_all": 0, "ipc_checked": 0, "ipc_kept_gloo": 0, "ipc_too_large": 0, "ipc_out_of_memory": 0}
 
 _DTYPES = {dt: i for i, dt in enumerate((torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64,
                                          torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool))}
@@ -86,14 +86,23 @@ class _Group:
         self.seen = [[0] * len(ranks), [0] * len(ranks)]  # generation of each rank's buffer as opened here
         self.verdicts: dict[torch.dtype, bool] = {}
 
-    def buffer(self, parity: int, nbytes: int) -> torch.Tensor:
+    def buffer(self, parity: int, nbytes: int) -> torch.Tensor | None:
+        """This rank's buffer of `parity`, of at least `nbytes` (a larger one replaces it, an eighth to spare); None
+        where the device has no room for it (the call then takes gloo on every rank: `_ipc_all_to_all`)."""
         own = self.own[parity]
-        if own is None or own.numel() < nbytes:
-            size = max(1 << 20, 1 << (max(nbytes, 1) - 1).bit_length())
-            STATS["ipc_buffer_bytes"] += size - (0 if own is None else own.numel())
-            self.own[parity] = own = _allocate(size, self.device)
-            self.generation[parity] += 1
-        return own
+        if own is not None and own.numel() >= nbytes:
+            return own
+        self.own[parity] = own = None  # let the allocator reuse it for the larger one
+        self.generation[parity] += 1  # the others reopen this rank's buffer at the next call that uses it
+        size = -(-(nbytes + nbytes // 8) // (1 << 20)) << 20
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # buffers the others have let go of since they were replaced
+        try:
+            self.own[parity] = _allocate(size, self.device)
+        except torch.cuda.OutOfMemoryError:
+            STATS["ipc_out_of_memory"] += 1
+            return None
+        return self.own[parity]
 
 
 _GROUPS: dict[tuple[int, ...], _Group | None] = {}
@@ -165,7 +174,10 @@ def _ipc_all_to_all(g: _Group, group, output: torch.Tensor, input: torch.Tensor,
     fits = total <= MAX_BUFFER_BYTES and sum(receives) <= MAX_BUFFER_BYTES
     if fits and total:
         buf = g.buffer(parity, total)
-        buf[:total].copy_(input.contiguous().view(-1).view(torch.uint8))
+        if buf is None:
+            fits = False
+        else:
+            buf[:total].copy_(input.contiguous().view(-1).view(torch.uint8))
     _wait(g.device)
     row = torch.tensor([int(fits), g.generation[parity], _DTYPES.get(input.dtype, -1), *sends, *receives],
                        dtype=torch.int64)
@@ -179,8 +191,8 @@ def _ipc_all_to_all(g: _Group, group, output: torch.Tensor, input: torch.Tensor,
             if sent[j][k] != expected[k][j]:
                 raise ValueError(f"all_to_all_single: rank {g.ranks[k]} expects {expected[k][j]} bytes from rank "
                                  f"{g.ranks[j]}, which sends it {sent[j][k]}: the ranks' split sizes disagree")
-    if not all(fits_all) or len(set(dtypes)) != 1 or -1 in dtypes:
-        STATS["ipc_too_large"] += int(not all(fits_all))
+    if not all(fits_all) or len(set(dtypes)) != 1 or -1 in dtypes:  # too large, or no room on some rank: gloo
+        STATS["ipc_too_large"] += int(any(n > MAX_BUFFER_BYTES for n in table[:, 3:3 + world].sum(1).tolist()))
         return False
     if gens != g.seen[parity]:  # the same on every rank: each one's view of all generations, its own included
         handles: list = [None] * world
@@ -264,9 +276,16 @@ def describe() -> str | None:
 
 
 def forget_groups() -> None:
-    """Drop every group's buffers (megatron's groups were destroyed; the next call on a group sets it up again)."""
+    """Drop every group's buffers; the next call on a group sets it up again. Every rank calls it at the same point
+    (a layout switch, a notebook's end), so the groups set up again alike; a buffer the others still hold open is
+    freed once they let go (the allocator collects it when it needs the room)."""
     _GROUPS.clear()
 
 
+def buffer_bytes() -> int:
+    """Bytes of the buffers this rank holds for its groups."""
+    return sum(b.numel() for g in _GROUPS.values() if g is not None for b in g.own if b is not None)
+
+
 __all__ = ["SWITCH", "MAX_BUFFER_BYTES", "STATS", "wanted", "plan", "part_bytes", "all_to_all", "install",
-           "uninstall", "describe", "forget_groups"]
+           "uninstall", "describe", "forget_groups", "buffer_bytes"]

@@ -73,7 +73,7 @@ def _all_to_alls(cases, wrong_source=False, pair=False):
         os.environ.pop(ipc.SWITCH) if switch is None else os.environ.update({ipc.SWITCH: switch})
         if was is not None:
             ipc.install(dev.type)
-    return {"equal": equal, "dtypes": len(set(dtypes)), "buffer_bytes": ipc.STATS["ipc_buffer_bytes"],
+    return {"equal": equal, "dtypes": len(set(dtypes)),
             **{k: ipc.STATS[k] - before[k] for k in ("ipc_all_to_all", "ipc_checked", "ipc_kept_gloo")}}
 
 
@@ -98,6 +98,59 @@ def test_a_group_of_two_shares_its_own_buffers(cpu_cluster):
     assert [r.get("skipped", False) for r in per_rank] == [False, False, True, True]
     for r in per_rank[:2]:
         assert r["equal"] == [True] * 4 and (r["ipc_checked"], r["ipc_all_to_all"]) == (1, 3)
+
+
+@ipp.interactive
+def _no_room_on_one_rank():
+    """Rank 1 cannot allocate its buffer for the second call (as a full GPU refuses it): that call takes gloo on every
+    rank; the third, with room again, shares buffers. Then a layout switch drops every group's buffers."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from moe_lab.engine import dist as edist, ipc_collectives as ipc
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    switch = os.environ.get(ipc.SWITCH)
+    os.environ[ipc.SWITCH] = "1"
+    ipc.uninstall()
+    ipc.install("cpu")
+    allocate = ipc._allocate
+
+    def refused(size, device):
+        raise torch.cuda.OutOfMemoryError(f"no room for {size} bytes")
+
+    counts = []
+    try:
+        for call in range(3):
+            x = torch.randn(world * 64, 8).double()  # 2 KiB a part (the buffers of parities 0 and 1 are new)
+            out, ref = torch.empty_like(x), torch.empty_like(x)
+            ipc._allocate = refused if (call == 1 and rank == 1) else allocate
+            dist.all_to_all_single(out, x)
+            dist.all_to_all_single.__wrapped__(ref, x)
+            counts.append([bool(torch.equal(out, ref))] + [ipc.STATS[k] for k in
+                                                          ("ipc_checked", "ipc_all_to_all", "ipc_out_of_memory")])
+        held = ipc.buffer_bytes()
+        edist.init_parallel_state(tp=1, ep=world // 2)  # a layout switch, as a case of another layout makes
+        after_switch = ipc.buffer_bytes()
+        edist.init_parallel_state(tp=1, ep=world)
+    finally:
+        ipc._allocate = allocate
+        ipc.uninstall()
+        os.environ.pop(ipc.SWITCH) if switch is None else os.environ.update({ipc.SWITCH: switch})
+    return {"counts": counts, "held": held, "after_switch": after_switch}
+
+
+def test_a_rank_without_room_for_its_buffer_sends_that_call_through_gloo_on_every_rank(cpu_cluster):
+    per_rank = cpu_cluster.run(_no_room_on_one_rank)
+    for rank, r in enumerate(per_rank):
+        (eq0, c0, n0, o0), (eq1, c1, n1, o1), (eq2, c2, n2, o2) = r["counts"]
+        assert eq0 and eq1 and eq2
+        assert (c1 - c0, n1 - n0) == (0, 0) and o1 - o0 == (1 if rank == 1 else 0)  # the second call: gloo's
+        assert (c2 - c1, n2 - n1, o2 - o1) == (0, 1, 0)  # the third: shared again
+        # a buffer of 1 MiB for each parity (rank 1 had no room for the second); none after the switch
+        assert r["held"] == (1 if rank == 1 else 2) << 20 and r["after_switch"] == 0, r
 
 
 @ipp.interactive
