@@ -20,6 +20,9 @@ SWITCHES = {
                            "torch's default, every core in each engine)",
     "MOE_LAB_NO_CPU_BF16": "CPU engines take torch's own bf16 GEMM loop, as a CPU without bf16 instructions does "
                            "(default: off)",
+    "MOE_LAB_IPC_COLLECTIVES": "all-to-alls between ranks that share a GPU through CUDA IPC buffers instead of "
+                               "gloo's sockets, gloo's bytes (default: on there; 1: on CPU engines too, through "
+                               "shared memory)",
     "MOE_LAB_BYTECODE_CACHE": "give the processes the lab starts a bytecode cache of its own where the environment "
                               "sets PYTHONDONTWRITEBYTECODE (default: where torch also holds no bytecode; 1: wherever "
                               "it is set)",

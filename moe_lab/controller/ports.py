@@ -1,4 +1,5 @@
-"""Controller ports that no other process can take before the controller binds them.
+"""Ports that no other process can take before the lab binds them: a controller's, and the rendezvous port of the
+bench's fresh spawn (`tools.bench.rendezvous_port`), which rank 0 binds only once the ranks start.
 
 ipyparallel's controller picks each of its ~18 ports by binding port 0 and releasing it, and binds it for real a
 moment later (its schedulers in processes of their own, later still). The OS hands the same ephemeral ports to every

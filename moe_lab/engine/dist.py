@@ -167,7 +167,8 @@ def setup(*, rank: int, world: int, master_addr: str, master_port: int, device: 
 
     Backend: NCCL with one rank per GPU; gloo on CPU and when `ranks_per_gpu` > 1 ranks share a GPU (virtual EP:
     NCCL refuses two ranks on one device, gloo runs every collective megatron's dispatchers use on CUDA tensors,
-    staged through the host, but for the all-to-alls, which the ranks' shared buffers carry: engine.ipc_collectives). `local_rank` / `local_world`: this engine's index among the engines on its node, and
+    staged through the host, but for the all-to-alls, which the ranks' shared buffers carry: engine.ipc_collectives).
+    `local_rank` / `local_world`: this engine's index among the engines on its node, and
     how many run there (the controller knows them from every engine's node); the GPU follows from them.
     """
     t0 = time.perf_counter()

@@ -9,6 +9,8 @@ forward needs small, contained shims (../shared/notes/megatron-core-facts.md), a
   `all_gather_into_tensor`s sent as one `all_to_all_single` (`_gather_as_all_to_all`: the same bytes in the same
   places, faster through gloo), and large `reduce_scatter_tensor`s as one all-to-all and a local sum in gloo's own
   order (`_reduce_scatter_as_all_to_all`: used for a shape only where it gave gloo's bits on that shape's first call);
+  that all-to-all hands its calls to another transport where one is set (`set_all_to_all_transport`: the ranks'
+  shared buffers, engine.ipc_collectives);
 - 0.13–0.16: `moe_utils.te_general_gemm` is never defined without TransformerEngine → None (also on GPUs
   without TE: `fix_missing_te`, applied by dist.setup on every device).
 `engine/dist.setup` applies them; `applied()` says which a process has.

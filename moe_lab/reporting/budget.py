@@ -10,8 +10,9 @@ prediction is over the budget, runs a smaller layer: the experts' ffn width and 
 smaller layer loses (`Question.max_cuts`) stops at its own cuts. The report says what was measured, what was
 predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
 
-On one GPU shared by the ranks (virtual EP over gloo) the transport decides how long the gpu profile takes: every
-collective goes device → host → loopback TCP → host → device, most of a forward (docs/bench.md). So a gpu-profile run
+On one GPU shared by the ranks (virtual EP over gloo) the transport decides much of how long the gpu profile takes:
+gloo sends a collective device → host → loopback TCP → host → device (most of a forward), the all-to-alls through CUDA
+IPC buffers far less (engine.ipc_collectives; docs/bench.md). So a gpu-profile run
 there first times a plain forward of the profile's layer on the shared cluster (`measure_forward_on_engines`), scales
 each notebook's cases from `VIRTUAL_EP_CALIBRATION` (one H200's whole-profile run) by it, and, where the prediction is
 over `GPU_BUDGET_S`, cuts what `VIRTUAL_EP_STEPS` allows, in turn: notebook 06's training steps, every cost's paired
