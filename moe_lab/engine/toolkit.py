@@ -257,13 +257,14 @@ def paired_rounds(fns: dict, rounds: int, *, warmup: int = 1, rotate: bool = Fal
 
 
 def placement() -> dict:
-    """Where this engine's timings were measured: world, ranks per GPU, backend, device, and what carried the
-    all-to-alls where not the backend (stats.placement words it)."""
+    """Where this engine's timings were measured: world, ranks per GPU, backend, device, and `transport` where
+    something other than the backend carried the all-to-alls (stats.placement words it)."""
     from . import ipc_collectives
 
+    carried = ipc_collectives.describe()
     return {"world": tdist.get_world_size(), "ranks_per_gpu": STATE.get("ranks_per_gpu", 1),
             "backend": STATE.get("backend") or tdist.get_backend(), "device": STATE.get("device"),
-            "transport": ipc_collectives.describe()}
+            **({"transport": carried} if carried else {})}
 
 
 def time_forward(layer, tokens, repeats: int = 3) -> float:
