@@ -173,17 +173,20 @@ def subject_of(rec: dict, *, axes: tuple[str, ...] = (), **extra) -> dict:
 
 
 def placement_label(rec: dict) -> str:
-    """'4 ranks share one GPU (NVIDIA H200) over gloo — virtual EP' / '4 CPU engines over gloo' / ... from fields."""
+    """'4 ranks share one GPU (NVIDIA H200) over gloo — virtual EP' / '4 CPU engines over gloo' / ... from fields;
+    with the record's `transport` where something other than the backend carried the all-to-alls ('... over gloo,
+    all-to-alls through CUDA IPC — virtual EP')."""
     world, backend, dev = rec.get("world"), rec.get("backend"), rec.get("device")
     rpg = rec.get("ranks_per_gpu") or 1
     gpu = rec.get("gpu")
+    over = f"over {backend}" + (f", all-to-alls through {rec['transport']}" if rec.get("transport") else "")
     if dev == "cuda" and isinstance(rpg, int) and rpg > 1:
         gpus = "one GPU" if world == rpg or not isinstance(world, int) else f"{world // rpg} GPUs"
-        return f"{world} ranks share {gpus} ({gpu}) over {backend} — virtual EP"
+        return f"{world} ranks share {gpus} ({gpu}) {over} — virtual EP"
     if dev == "cuda":
-        return f"{world} rank(s), one per GPU ({gpu}), over {backend}"
+        return f"{world} rank(s), one per GPU ({gpu}), {over}"
     if dev == "cpu":
-        return f"{world} CPU engine(s) over {backend}"
+        return f"{world} CPU engine(s) {over}"
     return str(rec.get("placement") or "placement not recorded")
 
 

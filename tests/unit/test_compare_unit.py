@@ -51,6 +51,18 @@ def test_a_placement_comparison_reports_the_differing_verdict_and_names_the_plac
     assert not any(w in s for w in CANNED) and not any("why" in r for r in c.rows)
 
 
+def test_the_same_placement_through_another_transport_is_matched_and_named():
+    a = [virt01("allgather", "none", 300, 0)]
+    b = [virt01("allgather", "none", 300, 0, transport="CUDA IPC")]
+    c = compare.compare(a, b)
+    assert [r["case"] for r in c.rows] == [AG] and c.rows[0]["agree"]
+    assert "placement" in c.rows[0]["differs"]
+    assert "B 4 ranks share one GPU (NVIDIA H200) over gloo, all-to-alls through CUDA IPC — virtual EP" in \
+        compare.text(c)
+    same = compare.compare(a, [virt01("allgather", "none", 300, 0)])  # the control: one transport on both sides
+    assert "placement" not in same.rows[0]["differs"]
+
+
 def test_each_verdict_is_the_one_findings_gives():
     a = [virt01("allgather", "none", 300, 0), virt01("alltoall", "fp32", 2, 2)]
     c = compare.compare(a, a)
