@@ -29,7 +29,6 @@ share a GPU, 0 = off, 1 = on for CPU engines too.
 from __future__ import annotations
 
 import logging
-import os
 import platform
 
 import torch

@@ -7,6 +7,7 @@ import ipyparallel as ipp
 import pytest
 
 from moe_lab import profiles
+from tests.cluster.test_reduce_scatter_as_all_to_all import forward_backward, same_bits
 
 pytestmark = pytest.mark.cluster
 
@@ -189,34 +190,22 @@ def test_split_sizes_the_ranks_disagree_on_are_refused_by_name_without_a_hang(cp
 
 
 @ipp.interactive
-def _forward_backward_both_ways(cfg_dict):
+def _forward_backward_both_ways(cfg_dict, forward_backward, same_bits):
     import os
 
-    import torch
-
-    from moe_lab.engine import compat, dist, ipc_collectives as ipc, toolkit
+    from moe_lab.engine import dist, ipc_collectives as ipc, toolkit
 
     s = toolkit.setup(cfg_dict)
-
-    def step():
-        tokens = s.tokens.detach().clone().requires_grad_(True)
-        for p in s.layer.parameters():
-            p.grad = None
-        with torch.enable_grad():
-            out = compat.moe_output(s.layer(tokens))
-            out.float().square().sum().backward()
-        return out.detach(), tokens.grad.detach(), [p.grad.clone() for p in s.layer.parameters() if p.grad is not None]
-
     switch, was = os.environ.get(ipc.SWITCH), ipc.describe()
     ipc.uninstall()
-    without = step()
+    without = forward_backward(s)
     os.environ[ipc.SWITCH] = "1"
     ipc.install(s.tokens.device.type)
     try:
         n0, kept0 = ipc.STATS["ipc_all_to_all"], ipc.STATS["ipc_kept_gloo"]
-        step()  # the first call of each dtype checks it against gloo's
+        forward_backward(s)  # the first call of each dtype checks it against gloo's
         n1 = ipc.STATS["ipc_all_to_all"]
-        shared = step()
+        shared = forward_backward(s)
         n2 = ipc.STATS["ipc_all_to_all"]
         placement = toolkit.placement()
     finally:
@@ -225,9 +214,7 @@ def _forward_backward_both_ways(cfg_dict):
         if was is not None:
             ipc.install(s.tokens.device.type)
     dist.release_caches()
-    same = [torch.equal(shared[0], without[0]), torch.equal(shared[1], without[1]),
-            len(shared[2]) == len(without[2]) and all(torch.equal(a, b) for a, b in zip(shared[2], without[2]))]
-    return {"same": same, "first": n1 - n0, "shared": n2 - n1, "grads": len(shared[2]),
+    return {"same": same_bits(shared, without), "first": n1 - n0, "shared": n2 - n1, "grads": len(shared[2]),
             "transport": placement.get("transport"), "kept_gloo": ipc.STATS["ipc_kept_gloo"] - kept0}
 
 
@@ -237,6 +224,6 @@ def test_a_forward_and_backward_are_bitwise_the_same_through_shared_buffers(cpu_
     width = cpu_layer.config().layer.ffn_hidden
     cfg = P.layer.replace(seq_len=2048 if dispatcher == "allgather" else P.layer.seq_len, dispatcher=dispatcher,
                           ffn_hidden=width)
-    for r in cpu_cluster.run(_forward_backward_both_ways, cfg.asdict()):
+    for r in cpu_cluster.run(_forward_backward_both_ways, cfg.asdict(), forward_backward, same_bits):
         assert r["same"] == [True, True, True] and r["grads"] > 0, r
         assert r["shared"] >= 2 and r["transport"] == "shared memory" and r["kept_gloo"] == 0, r

@@ -92,46 +92,59 @@ def test_a_small_reduce_scatter_takes_gloos_own_path(cpu_cluster):
 
 
 @ipp.interactive
-def _forward_backward_both_ways(cfg_dict):
+def forward_backward(s) -> tuple:
+    """One forward + backward of a case's layer on this rank (`toolkit.setup`'s case): its output, the input's
+    gradient and the parameters' gradients — what a way of moving the collectives' bytes must leave bitwise the same.
+    Handed to the engine functions as an argument (tests/cluster/test_ipc_collectives.py too)."""
     import torch
 
-    from moe_lab.engine import compat, dist, shims, toolkit
+    from moe_lab.engine import compat
+
+    tokens = s.tokens.detach().clone().requires_grad_(True)
+    for p in s.layer.parameters():
+        p.grad = None
+    with torch.enable_grad():
+        out = compat.moe_output(s.layer(tokens))
+        out.float().square().sum().backward()
+    return out.detach(), tokens.grad.detach(), [p.grad.clone() for p in s.layer.parameters() if p.grad is not None]
+
+
+@ipp.interactive
+def same_bits(a: tuple, b: tuple) -> list[bool]:
+    """`forward_backward`'s three results of two runs compared bitwise: output, input gradient, parameter gradients."""
+    import torch
+
+    return [torch.equal(a[0], b[0]), torch.equal(a[1], b[1]),
+            len(a[2]) == len(b[2]) and all(torch.equal(x, y) for x, y in zip(a[2], b[2]))]
+
+
+@ipp.interactive
+def _forward_backward_both_ways(cfg_dict, forward_backward, same_bits):
+    from moe_lab.engine import dist, shims, toolkit
 
     s = toolkit.setup(cfg_dict)
-
-    def step():
-        tokens = s.tokens.detach().clone().requires_grad_(True)
-        for p in s.layer.parameters():
-            p.grad = None
-        with torch.enable_grad():
-            out = compat.moe_output(s.layer(tokens))
-            out.float().square().sum().backward()
-        return out.detach(), tokens.grad.detach(), [p.grad.clone() for p in s.layer.parameters() if p.grad is not None]
-
     n0, kept0 = shims._APPLIED["reduce_scatter_as_all_to_all"], shims._APPLIED["reduce_scatter_kept_gloo"]
-    step()  # the first call of each shape checks it against gloo's own
+    forward_backward(s)  # the first call of each shape checks it against gloo's own
     n1 = shims._APPLIED["reduce_scatter_as_all_to_all"]
-    with_shim = step()
+    with_shim = forward_backward(s)
     n2 = shims._APPLIED["reduce_scatter_as_all_to_all"]
     threshold = shims.GATHER_AS_ALL_TO_ALL_BYTES
     shims.GATHER_AS_ALL_TO_ALL_BYTES = 1 << 62
     try:
-        without = step()
+        without = forward_backward(s)
         n3 = shims._APPLIED["reduce_scatter_as_all_to_all"]
     finally:
         shims.GATHER_AS_ALL_TO_ALL_BYTES = threshold
     dist.release_caches()
-    same = [torch.equal(with_shim[0], without[0]), torch.equal(with_shim[1], without[1]),
-            len(with_shim[2]) == len(without[2]) and all(torch.equal(a, b) for a, b in zip(with_shim[2], without[2]))]
-    return {"same": same, "kept_gloo": shims._APPLIED["reduce_scatter_kept_gloo"] - kept0, "first": n1 - n0,
-            "with": n2 - n1, "without": n3 - n2, "grads": len(with_shim[2])}
+    return {"same": same_bits(with_shim, without), "kept_gloo": shims._APPLIED["reduce_scatter_kept_gloo"] - kept0,
+            "first": n1 - n0, "with": n2 - n1, "without": n3 - n2, "grads": len(with_shim[2])}
 
 
 def test_a_forward_and_backward_are_bitwise_the_same_with_and_without_the_all_to_all(cpu_cluster, cpu_layer):
     # 2048 x 256 bf16: 1 MiB of combine a rank; the experts' width (not the combine's) cut for a slow bf16 GEMM
     width = cpu_layer.config().layer.ffn_hidden
     cfg = P.layer.replace(seq_len=2048, dispatcher="allgather", ffn_hidden=width)
-    per_rank = cpu_cluster.run(_forward_backward_both_ways, cfg.asdict())
+    per_rank = cpu_cluster.run(_forward_backward_both_ways, cfg.asdict(), forward_backward, same_bits)
     for r in per_rank:
         assert r["same"] == [True, True, True] and r["grads"] > 0
         assert r["kept_gloo"] == 0 and r["with"] >= 1 and r["without"] == 0
