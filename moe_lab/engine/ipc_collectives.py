@@ -40,7 +40,8 @@ logger = logging.getLogger(__name__)
 
 SWITCH = "MOE_LAB_IPC_COLLECTIVES"
 MAX_BUFFER_BYTES = 4 << 30
-"""A rank's part of an all-to-all beyond which the call takes gloo (its two buffers would hold twice this)."""
+"""A rank's input or output of an all-to-all (bytes) beyond which the call takes gloo on every rank (its two buffers
+would hold twice this)."""
 
 STATS = {"ipc_all_to_all": 0, "ipc_checked": 0, "ipc_kept_gloo": 0, "ipc_too_large": 0, "ipc_out_of_memory": 0}
 
@@ -217,6 +218,11 @@ def _ipc_all_to_all(g: _Group, group, output: torch.Tensor, input: torch.Tensor,
     return True
 
 
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaNs included (torch.equal calls two NaNs different)."""
+    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+
+
 def all_to_all(gloo_all_to_all, output, input, out_splits, in_splits, group) -> bool:
     """The all-to-all of `input` into `output` through shared buffers where `group`'s ranks share one GPU (or one
     machine, on CPU engines); False where it is gloo's to do (the caller calls `gloo_all_to_all`). Every rank of a
@@ -232,7 +238,7 @@ def all_to_all(gloo_all_to_all, output, input, out_splits, in_splits, group) -> 
             return False
         mine = output.clone()
         gloo_all_to_all(output, input.contiguous(), out_splits, in_splits, group=group)
-        agreed = torch.tensor([int(torch.equal(mine, output))], dtype=torch.int32)
+        agreed = torch.tensor([int(_same_bytes(mine, output))], dtype=torch.int32)
         c10d.all_reduce(agreed, op=c10d.ReduceOp.MIN, group=group)
         g.verdicts[input.dtype] = ok = bool(agreed.item())
         STATS["ipc_checked"] += 1
