@@ -126,13 +126,19 @@ def collective_share(per_rank_wall: list[list[float]], per_rank_coll: list[list[
     return statistics.median(shares) if shares else None
 
 
+def carried(transport: str | None) -> str:
+    """The words a placement adds where something other than its backend carried the all-to-alls
+    (engine.ipc_collectives): ', all-to-alls through CUDA IPC'; '' where the backend carried everything."""
+    return f", all-to-alls through {transport}" if transport else ""
+
+
 def placement(world=None, ranks_per_gpu=None, backend=None, device=None, transport=None) -> str | None:
     """How the ranks that measured a cost sat, in words: '4 ranks share one GPU over gloo (virtual EP)', 'one rank
     per GPU over NCCL (2 GPUs)', '4 CPU engines over gloo'; with `transport` (what carried the all-to-alls where not
     the backend, engine.ipc_collectives): '4 ranks share one GPU over gloo, all-to-alls through CUDA IPC (virtual
     EP)'. None when the device is not known."""
     b = {"nccl": "NCCL"}.get(str(backend).lower(), backend) if backend else None
-    over = (f" over {b}" if b else "") + (f", all-to-alls through {transport}" if transport else "")
+    over = (f" over {b}" if b else "") + carried(transport)
     if device == "cpu":
         return f"{world} CPU engine{'s' if world != 1 else ''}{over}" if world else f"CPU engines{over}"
     if device != "cuda":
@@ -254,6 +260,6 @@ def describe(cost: dict, floor: dict | None = None) -> str:
     return text
 
 
-__all__ = ["median_ci", "slowest", "paired", "paired_cost", "collective_share", "placement", "headline_cost",
+__all__ = ["median_ci", "slowest", "paired", "paired_cost", "collective_share", "carried", "placement", "headline_cost",
            "figure", "measurable", "interval_confidence", "interval_words", "interval_name", "against_floor", "describe", "LEVEL", "TRANSPORT_BOUND", "INSIDE", "OVERLAPS",
            "ABOVE", "BELOW", "FLOOR_WORDS"]

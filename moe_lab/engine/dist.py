@@ -342,7 +342,7 @@ def describe() -> dict:
     import torch.distributed as tdist
     from megatron.core import parallel_state as ps
 
-    from .. import provenance
+    from .. import provenance, stats
     from . import compat, ipc_collectives
 
     cuda = STATE.get("device") == "cuda"
@@ -354,7 +354,7 @@ def describe() -> dict:
             nccl = None
     libs = provenance.cuda_libraries() if cuda else {"cuda": None, "cublas": None, "driver": None}
     rpg = STATE.get("ranks_per_gpu", 1)
-    carried = ipc_collectives.describe()
+    transport = ipc_collectives.describe()
     return {
         "rank": tdist.get_rank(),
         "world": tdist.get_world_size(),
@@ -366,9 +366,9 @@ def describe() -> dict:
         "gpu_memory_bytes": torch.cuda.get_device_properties(STATE["gpu_index"]).total_memory if cuda else None,
         "ranks_per_gpu": rpg if cuda else None,
         "placement": ("one rank per GPU" if rpg == 1 else f"{rpg} ranks share each GPU (virtual EP)"
-                      + (f", all-to-alls through {carried}" if carried else "")) if cuda
-        else f"{tdist.get_world_size()} CPU engines" + (f", all-to-alls through {carried}" if carried else ""),
-        "transport": carried,
+                      + stats.carried(transport)) if cuda
+        else f"{tdist.get_world_size()} CPU engines" + stats.carried(transport),
+        "transport": transport,
         "host": STATE.get("host"),
         "local_rank": STATE.get("local_rank"),
         "pid": os.getpid(),

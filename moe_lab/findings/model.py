@@ -179,7 +179,7 @@ def placement_label(rec: dict) -> str:
     world, backend, dev = rec.get("world"), rec.get("backend"), rec.get("device")
     rpg = rec.get("ranks_per_gpu") or 1
     gpu = rec.get("gpu")
-    over = f"over {backend}" + (f", all-to-alls through {rec['transport']}" if rec.get("transport") else "")
+    over = f"over {backend}" + stats.carried(rec.get("transport"))
     if dev == "cuda" and isinstance(rpg, int) and rpg > 1:
         gpus = "one GPU" if world == rpg or not isinstance(world, int) else f"{world // rpg} GPUs"
         return f"{world} ranks share {gpus} ({gpu}) {over} — virtual EP"

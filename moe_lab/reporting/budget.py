@@ -11,8 +11,8 @@ smaller layer loses (`Question.max_cuts`) stops at its own cuts. The report says
 predicted and what was cut; records carry the layer they ran, so a sized run's cases are its own.
 
 On one GPU shared by the ranks (virtual EP over gloo) the transport decides much of how long the gpu profile takes:
-gloo sends a collective device → host → loopback TCP → host → device (most of a forward), the all-to-alls through CUDA
-IPC buffers far less (engine.ipc_collectives; docs/bench.md). So a gpu-profile run
+gloo sends a collective device → host → loopback TCP → host → device (most of a forward), the all-to-alls
+through CUDA IPC buffers far less (engine.ipc_collectives; docs/bench.md). So a gpu-profile run
 there first times a plain forward of the profile's layer on the shared cluster (`measure_forward_on_engines`), scales
 each notebook's cases from `VIRTUAL_EP_CALIBRATION` (one H200's whole-profile run) by it, and, where the prediction is
 over `GPU_BUDGET_S`, cuts what `VIRTUAL_EP_STEPS` allows, in turn: notebook 06's training steps, every cost's paired
@@ -27,6 +27,8 @@ only does the arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .. import stats
 
 REFERENCE_SHAPE = (64, 256, 512)
 """(M, K, N) of the timed GEMM: one expert's GEMM in the cpu profile's layer (128 tokens x top-4 / 8 experts rows,
@@ -300,10 +302,9 @@ class VirtualEpSizing(_Outcome):
     """What carried the ranks' all-to-alls where not gloo (engine.ipc_collectives: 'CUDA IPC'); None: gloo."""
 
     def words(self) -> str:
-        carried = f", their all-to-alls through {self.transport}" if self.transport else ""
-        speed = (f"{self.ranks} ranks share this GPU over gloo{carried}: a plain forward of the profile's layer took "
-                 f"{self.forward_ms:.0f} ms ({self.reference_ms:.0f} ms in the calibration run on one H200, every "
-                 f"collective over gloo)")
+        speed = (f"{self.ranks} ranks share this GPU over gloo{stats.carried(self.transport)}: a plain forward of the "
+                 f"profile's layer took {self.forward_ms:.0f} ms ({self.reference_ms:.0f} ms in the calibration run on "
+                 f"one H200, every collective over gloo)")
         return self._words(speed, "work", "less work", "the least work the sizing cuts to", "nothing left to cut")
 
 

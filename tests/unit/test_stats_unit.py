@@ -165,6 +165,7 @@ def test_placement_in_words():
     assert stats.placement(4, 4, "gloo", "cuda", "CUDA IPC") == \
         "4 ranks share one GPU over gloo, all-to-alls through CUDA IPC (virtual EP)"
     assert stats.placement() is None
+    assert stats.carried(None) == "" and stats.carried("CUDA IPC") == ", all-to-alls through CUDA IPC"
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 9, 12])
